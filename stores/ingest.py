@@ -1,0 +1,435 @@
+"""Load prompt files into the `prompts` table; every bad row goes to `rejects` with a reason."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from thresher.stores.lake import Lake, content_id, now
+
+FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
+SPLITS = ("train", "eval")
+FORMATS = ("jsonl", "json", "csv", "parquet", "dataset")
+
+
+class IngestError(ValueError):
+    """The source as a whole cannot be read (missing, unknown format, unreadable)."""
+
+
+class RowError(ValueError):
+    """One row is malformed; the message is the reason recorded in `rejects`."""
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did: read = ingested + already_present + rejected."""
+
+    source: str
+    read: int = 0
+    ingested: int = 0
+    already_present: int = 0
+    rejected: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def valid(self) -> int:
+        return self.ingested + self.already_present
+
+
+@dataclass
+class RawRow:
+    line: int  # 1-based line (JSONL, CSV) or row number (JSON, Parquet, dataset)
+    raw: str
+    record: dict | None = None
+    error: str | None = None
+
+
+def detect_format(path: Path) -> str:
+    """The source format from the path: a folder is a saved `datasets` dataset."""
+    if path.is_dir():
+        return "dataset"
+    suffixes = [s.lower() for s in path.suffixes]
+    for suffix in reversed(suffixes):
+        name = {
+            ".jsonl": "jsonl",
+            ".ndjson": "jsonl",
+            ".json": "json",
+            ".csv": "csv",
+            ".parquet": "parquet",
+            ".pq": "parquet",
+        }.get(suffix)
+        if name:
+            return name
+    raise IngestError(
+        f"cannot tell the format of {path}: use .jsonl, .json, .csv, .parquet or a folder "
+        "saved with datasets' save_to_disk (or pass --format)"
+    )
+
+
+# -- readers: each yields RawRow, never raises for one bad row ---------------------------
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RowError(f"undecodable bytes: not UTF-8 at byte {e.start}") from None
+
+
+def _as_object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise RowError(f"row is not a JSON object (got {type(value).__name__})")
+    return value
+
+
+def read_jsonl(path: Path) -> Iterator[RawRow]:
+    with open(path, "rb") as f:
+        for line_no, data in enumerate(f, start=1):
+            if not data.strip():
+                continue
+            raw = data.rstrip(b"\r\n").decode("utf-8", errors="backslashreplace")
+            try:
+                record = _as_object(json.loads(_decode(data)))
+            except RowError as e:
+                yield RawRow(line_no, raw, error=str(e))
+            except json.JSONDecodeError as e:
+                yield RawRow(line_no, raw, error=f"invalid JSON: {e.msg} at column {e.colno}")
+            else:
+                yield RawRow(line_no, raw, record)
+
+
+def read_json(path: Path) -> Iterator[RawRow]:
+    data = path.read_bytes()
+    try:
+        text = _decode(data)
+    except RowError as e:
+        raise IngestError(f"{path}: {e}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        yield from read_jsonl(path)  # many .json files are really JSON lines
+        return
+    if isinstance(value, dict):
+        value = next((v for v in value.values() if isinstance(v, list)), [value])
+    if not isinstance(value, list):
+        raise IngestError(f"{path}: expected a JSON array of objects")
+    for i, item in enumerate(value, start=1):
+        raw = json.dumps(item, ensure_ascii=False, default=str)
+        try:
+            yield RawRow(i, raw, _as_object(item))
+        except RowError as e:
+            yield RawRow(i, raw, error=str(e))
+
+
+def read_csv(path: Path) -> Iterator[RawRow]:
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        reader = csv.DictReader(f)
+        start = reader.line_num + 1
+        for row in reader:
+            values = list(row.values())
+            raw = json.dumps(row, ensure_ascii=False, default=str)
+            raw = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            if None in row or any(isinstance(v, list) for v in values):
+                err = "wrong number of fields for the CSV header"
+                yield RawRow(start, raw, error=err)
+            elif any(_has_surrogates(v) for v in values if isinstance(v, str)):
+                yield RawRow(start, raw, error="undecodable bytes: not UTF-8")
+            else:
+                # an empty CSV cell means "no value"
+                yield RawRow(start, raw, {k: (v if v != "" else None) for k, v in row.items()})
+            start = reader.line_num + 1
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def read_table_rows(table) -> Iterator[RawRow]:
+    """Rows of an Arrow table or a `datasets.Dataset`."""
+    for i, record in enumerate(table.to_pylist(), start=1):
+        yield RawRow(i, json.dumps(record, ensure_ascii=False, default=str), record)
+
+
+def read_parquet(path: Path) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:
+        raise IngestError(f"{path}: not a readable Parquet file ({e})") from None
+    yield from read_table_rows(table)
+
+
+def read_saved_dataset(path: Path, split: str) -> Iterator[RawRow]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise IngestError(f"{path}: not a dataset saved with save_to_disk ({e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split in ds:
+            ds = ds[split]
+        elif len(ds) == 1:
+            ds = next(iter(ds.values()))
+        else:
+            raise IngestError(f"{path} holds splits {list(ds)}: none is named {split!r}")
+    yield from read_table_rows(ds.data.table)
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+def _type_name(v: Any) -> str:
+    return type(v).__name__
+
+
+def _maybe_json(value: Any) -> Any:
+    """CSV cells carry lists and objects as JSON text."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def normalise(record: dict, mapping: dict[str, str], default_task: str | None) -> dict:
+    """Map source columns onto prompt fields and check their types; raises RowError."""
+    used = {mapping.get(f, f) for f in FIELDS}
+    get = {f: record.get(mapping.get(f, f)) for f in FIELDS}
+
+    def where(name: str) -> str:
+        col = mapping.get(name, name)
+        return f"'{col}'" + (f" (mapped to {name})" if col != name else "")
+
+    prompt, messages = get["prompt"], _maybe_json(get["messages"])
+    if prompt is None and messages is None:
+        raise RowError(f"missing prompt: no {where('prompt')} or {where('messages')} field")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise RowError(
+                f"wrong type: {where('prompt')} must be a string, got {_type_name(prompt)}"
+            )
+        if not prompt.strip():
+            raise RowError("empty prompt")
+    if messages is not None:
+        messages = _check_messages(messages, where("messages"))
+
+    task = get["task"] if get["task"] is not None else default_task
+    if task is None:
+        raise RowError(f"missing task: no {where('task')} field and no --task default")
+    if not isinstance(task, str) or not task.strip():
+        raise RowError(f"wrong type: {where('task')} must be a non-empty string")
+
+    answer = get["answer"]
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
+        raise RowError(
+            f"wrong type: {where('answer')} must be a string or number, got {_type_name(answer)}"
+        )
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    answer = None if answer is None else str(answer)
+
+    tests = _maybe_json(get["tests"])
+    if tests is not None:
+        ok = isinstance(tests, str) or (
+            isinstance(tests, list) and all(isinstance(t, str) for t in tests)
+        )
+        if not ok:
+            raise RowError(f"wrong type: {where('tests')} must be a string or a list of strings")
+        tests = tests if isinstance(tests, str) else json.dumps(tests, ensure_ascii=False)
+
+    meta = _maybe_json(get["meta"])
+    if meta is not None and not isinstance(meta, dict):
+        raise RowError(f"wrong type: {where('meta')} must be an object, got {_type_name(meta)}")
+    extra = {k: v for k, v in record.items() if k not in used and v is not None}
+    meta = {**extra, **(meta or {})}
+
+    return {
+        "prompt": prompt,
+        "messages": json.dumps(messages, ensure_ascii=False) if messages is not None else None,
+        "task": task.strip(),
+        "answer": answer,
+        "tests": tests,
+        "meta": json.dumps(meta, ensure_ascii=False, default=str, sort_keys=True),
+    }
+
+
+def _check_messages(messages: Any, where: str) -> list[dict]:
+    bad = RowError(f"wrong type: {where} must be a list of {{role, content}} objects")
+    if not isinstance(messages, list) or not messages:
+        raise bad
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad
+        if not isinstance(m.get("content"), str):
+            raise bad
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out):
+        raise RowError("empty prompt: every message is empty")
+    return out
+
+
+CONFLICT_FIELDS = ("split", "task", "answer", "tests")
+
+
+def _conflict(new: dict, old: dict, where: str) -> str | None:
+    diffs = [f for f in CONFLICT_FIELDS if new.get(f) != old.get(f)]
+    if not diffs:
+        return None
+    f = diffs[0]
+    return (
+        f"conflicting duplicate: same prompt as {where} but {f} differs "
+        f"({new.get(f)!r} vs {old.get(f)!r})"
+    )
+
+
+# -- ingest ------------------------------------------------------------------------
+
+
+def iter_source(path: Path, fmt: str, split: str) -> Iterator[RawRow]:
+    """Rows of `path` in format `fmt`."""
+    readers = {
+        "jsonl": read_jsonl,
+        "json": read_json,
+        "csv": read_csv,
+        "parquet": read_parquet,
+        "dataset": lambda p: read_saved_dataset(p, split),
+    }
+    return readers[fmt](path)
+
+
+def ingest(
+    lake: Lake,
+    path: str | Path,
+    dataset: str,
+    split: str = "train",
+    mapping: dict[str, str] | None = None,
+    task: str | None = None,
+    fmt: str | None = None,
+) -> IngestReport:
+    """Ingest one file or saved dataset into `prompts`; bad rows go to `rejects`."""
+    path = Path(path)
+    if not path.exists():
+        raise IngestError(f"{path}: no such file or folder")
+    if split not in SPLITS:
+        raise IngestError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    unknown = set(mapping or {}) - set(FIELDS)
+    if unknown:
+        raise IngestError(
+            f"--map names unknown field(s) {sorted(unknown)}; fields are {', '.join(FIELDS)}"
+        )
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise IngestError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    source = str(path.resolve())
+    report = IngestReport(source=source)
+    stamp = now()
+
+    valid: dict[str, dict] = {}  # prompt_id -> row, first occurrence wins
+    rejects: list[dict] = []
+
+    def reject(row: RawRow, reason: str) -> None:
+        report.rejected += 1
+        report.reasons[reason.split(":")[0]] += 1
+        rejects.append(
+            {
+                "reject_id": content_id(source, row.line, row.raw, reason),
+                "source": source,
+                "line": row.line,
+                "dataset": dataset,
+                "raw": row.raw,
+                "reason": reason,
+                "rejected_at": stamp,
+            }
+        )
+
+    for row in iter_source(path, fmt, split):
+        report.read += 1
+        if row.error:
+            reject(row, row.error)
+            continue
+        try:
+            fields = normalise(row.record, mapping or {}, task)
+        except RowError as e:
+            reject(row, str(e))
+            continue
+        prompt_id = content_id(dataset, fields["prompt"], fields["messages"])
+        new = {
+            "prompt_id": prompt_id,
+            "dataset": dataset,
+            "split": split,
+            **fields,
+            "source": source,
+            "line": row.line,
+            "ingested_at": stamp,
+        }
+        if prompt_id in valid:
+            first = valid[prompt_id]
+            reason = _conflict(new, first, f"line {first['line']}")
+            if reason:
+                reject(row, reason)
+            else:
+                report.already_present += 1
+            continue
+        valid[prompt_id] = new
+
+    known = _existing_prompts(lake, list(valid))
+    fresh = []
+    for prompt_id, new in valid.items():
+        old = known.get(prompt_id)
+        if old is None:
+            fresh.append(new)
+            continue
+        reason = _conflict(new, old, f"prompt {prompt_id} already in the lake")
+        if reason:
+            reject(RawRow(new["line"], _raw_of(new)), reason)
+        else:
+            report.already_present += 1
+    report.ingested = lake.append("prompts", fresh)
+    lake.append("rejects", rejects)
+    return report
+
+
+def _raw_of(row: dict) -> str:
+    keep = {k: row[k] for k in ("prompt", "messages", "task", "answer", "tests") if row.get(k)}
+    return json.dumps(keep, ensure_ascii=False)
+
+
+def _existing_prompts(lake: Lake, ids: list[str]) -> dict[str, dict]:
+    if not ids:
+        return {}
+    con = lake.connect()
+    try:
+        con.register("wanted", pa.table({"prompt_id": ids}))
+        rows = con.sql(
+            "SELECT p.prompt_id, split, task, answer, tests FROM prompts p "
+            "JOIN wanted USING (prompt_id)"
+        ).fetchall()
+    finally:
+        con.close()
+    return {r[0]: dict(zip(("prompt_id", *CONFLICT_FIELDS), r, strict=True)) for r in rows}
+
+
+def parse_mapping(items: list[str]) -> dict[str, str]:
+    """Turn ["prompt=question", ...] into {"prompt": "question", ...}."""
+    out = {}
+    for item in items:
+        name, sep, column = item.partition("=")
+        if not sep or not name.strip() or not column.strip():
+            raise IngestError(f"--map expects field=column, got {item!r}")
+        out[name.strip()] = column.strip()
+    return out

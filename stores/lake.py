@@ -1,0 +1,185 @@
+"""The lake: a folder of Parquet tables, appended atomically, queried through DuckDB views."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from thresher.ids import content_id  # noqa: F401  (re-exported for stores)
+from thresher.stores.schemas import KEYS, SCHEMAS, TABLES
+
+DEFAULT_LAKE = "./lake"
+
+
+def resolve_lake(path: str | os.PathLike | None = None) -> Path:
+    """The lake folder: `path`, else $THRESHER_LAKE, else ./lake."""
+    return Path(path or os.environ.get("THRESHER_LAKE") or DEFAULT_LAKE)
+
+
+def now() -> datetime:
+    """The current time in UTC (the lake's timestamp type)."""
+    return datetime.now(UTC)
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+# Views built on the base tables: the everyday questions, answered in SQL.
+DERIVED_VIEWS = {
+    # One row per candidate: passed when it has verdicts and every verifier passed it.
+    "candidate_outcomes": """
+        SELECT c.candidate_id, c.prompt_id, c.round, c.model, c.run_id,
+               count(v.verifier) AS n_verdicts,
+               coalesce(bool_and(v.passed), false) AND count(v.verifier) > 0 AS passed
+        FROM candidates c LEFT JOIN verdicts v USING (candidate_id)
+        GROUP BY ALL""",
+    "pass_rate": """
+        SELECT prompt_id, round, count(*) AS candidates,
+               count(*) FILTER (WHERE passed) AS passed,
+               avg(passed::INT) AS pass_rate
+        FROM candidate_outcomes GROUP BY prompt_id, round""",
+    "funnel": """
+        SELECT round, coalesce(split_part(drop_reason, ':', 1), 'kept') AS outcome,
+               count(*) AS candidates
+        FROM selections GROUP BY ALL ORDER BY round, outcome""",
+    "yield_by_round": """
+        SELECT o.round, count(DISTINCT o.prompt_id) AS prompts, count(*) AS candidates,
+               count(*) FILTER (WHERE o.passed) AS passed,
+               round(avg(o.passed::INT), 4) AS pass_rate,
+               count(*) FILTER (WHERE s.kept) AS kept,
+               count(DISTINCT o.prompt_id) FILTER (WHERE s.kept) AS prompts_with_kept
+        FROM candidate_outcomes o
+        LEFT JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = o.round
+        GROUP BY o.round ORDER BY o.round""",
+}
+
+
+class Lake:
+    """A lake rooted at one folder; every table is a folder of immutable Parquet files."""
+
+    def __init__(self, root: str | os.PathLike | None = None, create: bool = True):
+        self.root = resolve_lake(root)
+        if create:
+            self.init()
+
+    def init(self) -> None:
+        """Create the table folders, each with an empty file carrying its schema."""
+        for table in TABLES:
+            folder = self.root / table
+            folder.mkdir(parents=True, exist_ok=True)
+            marker = folder / "_schema.parquet"
+            if not marker.exists():
+                self._write_atomic(SCHEMAS[table].empty_table(), marker)
+
+    def exists(self) -> bool:
+        """True when the lake folder holds every table."""
+        return all((self.root / t / "_schema.parquet").exists() for t in TABLES)
+
+    def glob(self, table: str) -> str:
+        """The DuckDB glob that reads every committed file of `table`."""
+        return str(self.root / table / "*.parquet")
+
+    # -- writing -------------------------------------------------------------
+
+    def append(self, table: str, rows: pa.Table | Sequence[dict] | Any) -> int:
+        """Append rows (list of dicts, Arrow or polars) as one new file; returns rows written.
+
+        Rows whose key is already in the table, or repeated in `rows`, are skipped,
+        so re-running a step adds nothing.
+        """
+        data = self._to_arrow(table, rows)
+        keys = KEYS[table]
+        if keys and data.num_rows:
+            data = self._drop_known(table, data, keys)
+        if data.num_rows == 0:
+            return 0
+        name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+        self._write_atomic(data, self.root / table / name)
+        return data.num_rows
+
+    def _to_arrow(self, table: str, rows: Any) -> pa.Table:
+        schema = SCHEMAS[table]
+        if isinstance(rows, pa.Table):
+            data = rows
+        elif hasattr(rows, "to_arrow"):  # polars DataFrame
+            data = rows.to_arrow()
+        else:
+            rows = list(rows)
+            data = pa.Table.from_pylist(rows, schema=schema)
+        missing = [f.name for f in schema if f.name not in data.column_names]
+        for name in missing:
+            data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
+        return data.select(schema.names).cast(schema)
+
+    def _drop_known(self, table: str, data: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+        con = duckdb.connect()
+        con.register("incoming", data)
+        cols = ", ".join(keys)
+        on = " AND ".join(f"i.{k} IS NOT DISTINCT FROM e.{k}" for k in keys)
+        # row_number keeps the first of repeated keys within the batch
+        query = f"""
+            WITH numbered AS (
+                SELECT *, row_number() OVER () AS _pos FROM incoming
+            ), firsts AS (
+                SELECT * EXCLUDE (_rn) FROM (
+                    SELECT *, row_number() OVER (PARTITION BY {cols} ORDER BY _pos) AS _rn
+                    FROM numbered) WHERE _rn = 1
+            ), existing AS (
+                SELECT DISTINCT {cols} FROM read_parquet({_sql_str(self.glob(table))},
+                    union_by_name = true)
+            )
+            SELECT i.* EXCLUDE (_pos) FROM firsts i
+            WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE {on})
+            ORDER BY i._pos"""
+        out = con.sql(query).to_arrow_table()
+        con.close()
+        return out.select(data.column_names).cast(data.schema)
+
+    @staticmethod
+    def _write_atomic(data: pa.Table, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        pq.write_table(data, tmp, compression="zstd")
+        os.replace(tmp, path)
+
+    # -- reading -------------------------------------------------------------
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with a view per table and the derived views."""
+        if not self.exists():
+            raise FileNotFoundError(
+                f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
+            )
+        con = duckdb.connect()
+        for table in TABLES:
+            source = f"read_parquet({_sql_str(self.glob(table))}, union_by_name = true)"
+            if table == "runs":  # append-only status updates: show the latest per run
+                source = (
+                    f"(SELECT * FROM {source} QUALIFY row_number() OVER "
+                    "(PARTITION BY run_id ORDER BY updated_at DESC) = 1)"
+                )
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
+        for name, body in DERIVED_VIEWS.items():
+            con.execute(f"CREATE VIEW {name} AS {body}")
+        return con
+
+    def query(self, sql: str, params: Iterable[Any] | None = None):
+        """Run SQL over the lake's views and return a polars DataFrame."""
+        con = self.connect()
+        try:
+            return con.sql(sql, params=list(params) if params else None).pl()
+        finally:
+            con.close()
+
+    def count(self, table: str) -> int:
+        """Rows in `table`."""
+        return int(self.query(f"SELECT count(*) AS n FROM {table}")["n"][0])

@@ -1,0 +1,82 @@
+"""The queries the flows need: what to sample, what to verify, what a run produced."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from thresher.stores.lake import Lake
+
+
+def load_prompts(
+    lake: Lake, dataset: str, split: str, limit: int | None = None, task: str | None = None
+):
+    """Prompts of one dataset split, ordered by prompt_id (a stable order for batching)."""
+    sql = "SELECT * FROM prompts WHERE dataset = ? AND split = ?"
+    params: list = [dataset, split]
+    if task:
+        sql += " AND task = ?"
+        params.append(task)
+    sql += " ORDER BY prompt_id"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return lake.query(sql, params)
+
+
+def _with_ids(con, name: str, column: str, ids: list[str]) -> None:
+    con.register(name, pa.table({column: pa.array(ids, pa.string())}))
+
+
+def complete_prompts(lake: Lake, prompt_ids: list[str], candidate_ids: list[str]) -> set[str]:
+    """Prompts whose expected candidate ids are all in the lake already."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "wanted", "candidate_id", candidate_ids)
+        found = con.sql(
+            "SELECT c.prompt_id, count(*) FROM candidates c JOIN wanted USING (candidate_id) "
+            "GROUP BY c.prompt_id"
+        ).fetchall()
+    finally:
+        con.close()
+    per_prompt = len(candidate_ids) // max(len(prompt_ids), 1)
+    return {pid for pid, n in found if n >= per_prompt}
+
+
+def candidates_to_verify(lake: Lake, run_id: str, prompt_ids: list[str], verifier: str):
+    """Candidates of a run's prompts, joined with their prompt, that `verifier` has not scored."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "batch", "prompt_id", prompt_ids)
+        return con.sql(
+            """SELECT c.candidate_id, c.prompt_id, c.text, c.finish_reason, c.n_tokens,
+                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
+               FROM candidates c JOIN batch USING (prompt_id) JOIN prompts p USING (prompt_id)
+               WHERE c.run_id = ?
+                 AND NOT EXISTS (SELECT 1 FROM verdicts v
+                                 WHERE v.candidate_id = c.candidate_id AND v.verifier = ?)
+               ORDER BY c.prompt_id, c.sample_idx""",
+            params=[run_id, verifier],
+        ).pl()
+    finally:
+        con.close()
+
+
+def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
+    """Prompts, candidates, pass rate and kept counts of one run."""
+    row = lake.query(
+        """SELECT count(DISTINCT o.prompt_id) AS prompts,
+                  count(*) AS candidates,
+                  count(*) FILTER (WHERE o.passed) AS passed,
+                  coalesce(avg(o.passed::INT), 0) AS pass_rate,
+                  count(DISTINCT o.prompt_id) FILTER (WHERE o.passed) AS prompts_solved,
+                  count(*) FILTER (WHERE s.kept) AS kept,
+                  count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
+                  count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
+                  count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
+           FROM candidate_outcomes o
+           JOIN candidates c USING (candidate_id)
+           LEFT JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = ?
+           WHERE o.run_id = ?""",
+        [round_, run_id],
+    ).row(0, named=True)
+    row["pass_rate"] = round(float(row["pass_rate"]), 4)
+    return row

@@ -1,0 +1,43 @@
+"""The `runs` table: one row per status change of a flow run; the view shows the latest."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from thresher.stores.lake import Lake, now
+
+
+def record_run(
+    lake: Lake,
+    run_id: str,
+    *,
+    flow: str,
+    round_: int,
+    model: str,
+    config: dict[str, Any],
+    status: str,
+    started_at: datetime,
+    summary: dict[str, Any] | None = None,
+    finished: bool = False,
+) -> None:
+    """Append the run's current status."""
+    stamp = now()
+    lake.append(
+        "runs",
+        [
+            {
+                "run_id": run_id,
+                "flow": flow,
+                "round": round_,
+                "model": model,
+                "config": json.dumps(config, sort_keys=True, default=str),
+                "status": status,
+                "summary": json.dumps(summary or {}, sort_keys=True, default=str),
+                "started_at": started_at,
+                "finished_at": stamp if finished else None,
+                "updated_at": stamp,
+            }
+        ],
+    )

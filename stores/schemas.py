@@ -1,0 +1,114 @@
+"""Explicit Arrow schemas of the lake's tables."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "prompts": pa.schema(
+        [
+            ("prompt_id", pa.string()),
+            ("dataset", pa.string()),
+            ("split", pa.string()),
+            ("task", pa.string()),
+            ("prompt", pa.string()),
+            ("messages", pa.string()),  # JSON list of {role, content}, or null
+            ("answer", pa.string()),
+            ("tests", pa.string()),
+            ("meta", pa.string()),  # JSON object
+            ("source", pa.string()),
+            ("line", pa.int64()),
+            ("ingested_at", TS),
+        ]
+    ),
+    "rejects": pa.schema(
+        [
+            ("reject_id", pa.string()),
+            ("source", pa.string()),
+            ("line", pa.int64()),
+            ("dataset", pa.string()),
+            ("raw", pa.string()),
+            ("reason", pa.string()),
+            ("rejected_at", TS),
+        ]
+    ),
+    "runs": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("flow", pa.string()),
+            ("round", pa.int64()),
+            ("model", pa.string()),
+            ("config", pa.string()),  # JSON
+            ("status", pa.string()),
+            ("summary", pa.string()),  # JSON
+            ("started_at", TS),
+            ("finished_at", TS),
+            ("updated_at", TS),
+        ]
+    ),
+    "candidates": pa.schema(
+        [
+            ("candidate_id", pa.string()),
+            ("prompt_id", pa.string()),
+            ("run_id", pa.string()),
+            ("round", pa.int64()),
+            ("model", pa.string()),
+            ("sample_idx", pa.int64()),
+            ("text", pa.string()),
+            ("n_tokens", pa.int64()),
+            ("finish_reason", pa.string()),
+            ("hinted", pa.bool_()),
+            ("batch_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
+    "verdicts": pa.schema(
+        [
+            ("candidate_id", pa.string()),
+            ("verifier", pa.string()),
+            ("score", pa.float64()),
+            ("passed", pa.bool_()),
+            ("reason", pa.string()),
+            ("elapsed_ms", pa.float64()),
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
+    "selections": pa.schema(
+        [
+            ("round", pa.int64()),
+            ("candidate_id", pa.string()),
+            ("prompt_id", pa.string()),
+            ("kept", pa.bool_()),
+            ("drop_reason", pa.string()),
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
+    "evals": pa.schema(
+        [
+            ("round", pa.int64()),
+            ("model", pa.string()),
+            ("split", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
+}
+
+# Columns that identify a row: appending a row whose key is already present adds nothing.
+KEYS: dict[str, tuple[str, ...]] = {
+    "prompts": ("prompt_id",),
+    "rejects": ("reject_id",),
+    "runs": (),  # status updates are appended; the view shows the latest row per run
+    "candidates": ("candidate_id",),
+    "verdicts": ("candidate_id", "verifier"),
+    "selections": ("round", "candidate_id"),
+    "evals": (),
+}
+
+TABLES = tuple(SCHEMAS)

@@ -1,0 +1,57 @@
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from thresher.stores.lake import Lake
+from thresher.stores.runs import record_run
+from thresher.stores.schemas import TABLES
+
+
+def test_every_table_is_queryable_when_empty(lake):
+    for table in TABLES:
+        assert lake.count(table) == 0
+    assert lake.query("SELECT * FROM yield_by_round").height == 0
+
+
+def test_append_skips_known_and_repeated_keys(lake):
+    rows = [{"prompt_id": "a", "dataset": "d", "split": "train", "task": "t", "prompt": "x"}]
+    assert lake.append("prompts", rows) == 1
+    assert lake.append("prompts", rows + [dict(rows[0], prompt_id="b")] * 2) == 1
+    assert sorted(lake.query("SELECT prompt_id FROM prompts")["prompt_id"]) == ["a", "b"]
+
+
+def test_appends_are_whole_files_and_no_temp_files_remain(lake):
+    lake.append("prompts", [{"prompt_id": "a", "task": "t", "prompt": "x"}])
+    names = [p.name for p in (lake.root / "prompts").iterdir()]
+    assert all(n.endswith(".parquet") and not n.startswith(".") for n in names)
+    assert len(names) == 2  # the schema file and one part
+
+
+def test_wrong_column_types_are_refused(lake):
+    with pytest.raises(pa.ArrowInvalid):
+        lake.append("candidates", [{"candidate_id": "c", "sample_idx": "not a number"}])
+    assert lake.count("candidates") == 0
+
+
+def test_runs_view_shows_latest_status(lake):
+    start = datetime.now(UTC)
+    common = dict(flow="curate", round_=0, model="m", config={}, started_at=start)
+    record_run(lake, "r1", status="running", **common)
+    record_run(lake, "r1", status="completed", finished=True, **common)
+    rows = lake.query("SELECT run_id, status, finished_at FROM runs")
+    assert rows.height == 1
+    assert rows["status"][0] == "completed" and rows["finished_at"][0] is not None
+
+
+def test_missing_lake_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no lake at"):
+        Lake(tmp_path / "nowhere", create=False).connect()
+
+
+def test_lake_location_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("THRESHER_LAKE", str(tmp_path / "env"))
+    assert Lake(tmp_path / "flag", create=False).root == tmp_path / "flag"
+    assert Lake(create=False).root == tmp_path / "env"
+    monkeypatch.delenv("THRESHER_LAKE")
+    assert str(Lake(create=False).root) == "lake"

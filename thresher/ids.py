@@ -1,0 +1,13 @@
+"""Content-hash ids shared by every stage, so re-running a step is idempotent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def content_id(*parts: Any) -> str:
+    """A stable 16-hex-digit id from JSON-serialisable parts."""
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()

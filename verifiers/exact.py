@@ -1,0 +1,66 @@
+"""Exact match of an extracted final answer against the reference answer."""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from thresher.verifiers.base import Verdict, map_rows
+
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_HASHES = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_IS = re.compile(
+    r"answer\s*(?:is|:)\s*\$?([^\n]+?)\$?\s*(?:\.\s*)?$", re.IGNORECASE | re.MULTILINE
+)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> tuple[str | None, str]:
+    """The final answer in `text` and how it was found."""
+    for how, pattern in (("boxed", _BOXED), ("####", _HASHES), ("<answer>", _TAG)):
+        found = pattern.findall(text)
+        if found:
+            return found[-1].strip(), how
+    found = _ANSWER_IS.findall(text)
+    if found:
+        return found[-1].strip(), "'answer is'"
+    found = _NUMBER.findall(text)
+    if found:
+        return found[-1], "last number"
+    return None, "nothing"
+
+
+def normalise(answer: str) -> str:
+    """Lower-case, drop $ and trailing dots, collapse spaces, and write numbers canonically."""
+    a = answer.strip().lower().replace("$", "")
+    a = re.sub(r"\s+", " ", a).rstrip(".").strip()
+    number = a.replace(",", "")
+    if re.fullmatch(r"-?\d+(?:\.\d+)?", number):
+        value = float(number)
+        return str(int(value)) if value.is_integer() else repr(value)
+    return a
+
+
+def judge(text: str, reference: str | None) -> Verdict:
+    """Pass when the extracted answer equals the reference after normalisation."""
+    if reference is None or not str(reference).strip():
+        return Verdict(0.0, False, "no reference answer for this prompt")
+    answer, how = extract_answer(text)
+    if answer is None:
+        return Verdict(0.0, False, "no answer found")
+    got, want = normalise(answer), normalise(str(reference))
+    if got == want:
+        return Verdict(1.0, True, f"{how}: {answer!r} == {reference!r}")
+    return Verdict(0.0, False, f"{how}: {answer!r} != {reference!r}")
+
+
+class ExactMatch:
+    """The `exact` verifier: extracted final answer == reference answer."""
+
+    name = "exact"
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """One verdict per row of `batch` (columns candidate_id, text, answer)."""
+        return map_rows(self.name, batch, lambda row: judge(row["text"], row["answer"]))
