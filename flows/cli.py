@@ -210,8 +210,10 @@ def curate(
         cfg = load_config(config)
     except ConfigError as e:
         fail(str(e), code=2)
-    if not Path(cfg.model).is_dir():
+    if not cfg.server and not Path(cfg.model).is_dir():
         fail(f"model folder {cfg.model!r} does not exist (models load from local folders)")
+    if cfg.lora and not (Path(cfg.lora) / "adapter_config.json").is_file():
+        fail(f"{cfg.lora!r} is not a LoRA adapter folder (no adapter_config.json)")
     lake_root = lake or cfg.lake or None
     from thresher.flows.curate import NothingToCurate, run_curate
     from thresher.stores.lake import Lake

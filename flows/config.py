@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -31,7 +31,13 @@ class SamplingConfig(_Strict):
     top_k: int = Field(0, ge=0, description="0 turns top-k off")
     max_tokens: int = Field(512, ge=1)
     stop: list[str] = Field(default_factory=list)
-    seed: int = 0
+    seed: int = Field(0, description="engine seed (vLLM's LLM(seed=...))")
+
+    @model_validator(mode="after")
+    def _greedy_means_one(self) -> SamplingConfig:
+        if self.temperature == 0 and self.k > 1:
+            raise ValueError("temperature 0 is greedy: every sample would be the same; use k: 1")
+        return self
 
 
 class EngineConfig(_Strict):
@@ -42,6 +48,17 @@ class EngineConfig(_Strict):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     enforce_eager: bool | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments")
+
+
+class ServerConfig(_Strict):
+    """Sample from a running OpenAI-compatible server instead of a local engine."""
+
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000/v1")
+    concurrency: int = Field(16, ge=1, description="requests in flight at once")
+    retries: int = Field(5, ge=0, description="retries on connection errors, 429 and 5xx")
+    timeout_s: float = Field(600, gt=0)
+    api_key_env: str | None = Field(None, description="environment variable with the API key")
+    vllm_extensions: bool = Field(True, description="send vLLM's return_token_ids and top_k")
 
 
 class VerifyConfig(_Strict):
@@ -60,15 +77,28 @@ class CurateConfig(_Strict):
     """A curate pipeline: sample, verify and select one round."""
 
     name: str
-    model: str = Field(description="a local model folder vLLM can load")
+    model: str = Field(description="a local model folder vLLM can load (or the server's name)")
+    lora: str | None = Field(None, description="a LoRA adapter folder applied to `model`")
     round: int = Field(0, ge=0)
     lake: str | None = Field(None, description="lake folder (else --lake / THRESHER_LAKE)")
     batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
     prompts: PromptsConfig
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    server: ServerConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
+
+    @model_validator(mode="after")
+    def _lora_needs_local_engine(self) -> CurateConfig:
+        if self.lora and self.server:
+            raise ValueError("lora applies to the local engine; a server loads adapters itself")
+        return self
+
+    @property
+    def model_id(self) -> str:
+        """What the `model` column records: the model, plus the adapter when there is one."""
+        return f"{self.model}+lora:{self.lora}" if self.lora else self.model
 
 
 class ConfigError(ValueError):

