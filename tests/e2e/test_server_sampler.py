@@ -158,3 +158,32 @@ def test_server_errors_are_retried_with_backoff():
     assert Flaky.calls == 3
     assert [c.text for c in outs[0]] == ["answer 0", "answer 1"]
     assert outs[0][0].n_tokens is None  # not reported by this server
+
+
+def test_curate_flow_samples_from_the_server(server, tmp_path):
+    from thresher.flows.config import CurateConfig
+    from thresher.flows.curate import run_curate
+    from thresher.stores.ingest import ingest
+    from thresher.stores.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    src = tmp_path / "p.jsonl"
+    src.write_text(
+        '{"prompt": "What is 1 + 1?", "answer": "2"}\n'
+        '{"messages": [{"role": "user", "content": "What is 2 * 2?"}], "answer": "4"}\n'
+    )
+    ingest(lake, src, dataset="d", task="arithmetic")
+    cfg = CurateConfig(
+        name="via-server",
+        model="tiny",
+        prompts={"dataset": "d"},
+        sampling={"k": 3, "max_tokens": 24},
+        server={"base_url": server, "concurrency": 2},
+    )
+    summary = run_curate(cfg, lake.root, progress=False)
+    assert summary["candidates"] == 6 and summary["sampled_now"] == 6
+    per_prompt = lake.query(
+        "SELECT count(*) AS n, min(n_tokens) AS t FROM candidates GROUP BY prompt_id"
+    )
+    assert per_prompt["n"].to_list() == [3, 3] and per_prompt["t"].min() > 0
+    assert lake.count("verdicts") == 6 and lake.count("selections") == 6

@@ -1,0 +1,55 @@
+import pytest
+
+from thresher.flows.config import ConfigError, CurateConfig, load_config
+from thresher.flows.curate import run_id_for
+
+BASE = {"name": "x", "model": "m", "prompts": {"dataset": "d"}}
+
+
+def test_defaults():
+    cfg = CurateConfig(**BASE)
+    assert (cfg.sampling.k, cfg.sampling.temperature, cfg.sampling.top_p) == (8, 0.7, 0.9)
+    assert cfg.model_id == "m"
+
+
+def test_greedy_needs_k_1():
+    with pytest.raises(ValueError, match="use k: 1"):
+        CurateConfig(**BASE, sampling={"temperature": 0})
+    CurateConfig(**BASE, sampling={"temperature": 0, "k": 1})
+
+
+def test_lora_is_part_of_the_model_identity():
+    cfg = CurateConfig(**BASE, lora="adapters/a")
+    assert cfg.model_id == "m+lora:adapters/a"
+    assert run_id_for(cfg) != run_id_for(CurateConfig(**BASE))
+    with pytest.raises(ValueError, match="lora applies to the local engine"):
+        CurateConfig(**BASE, lora="a", server={"base_url": "http://127.0.0.1:1/v1"})
+
+
+def test_run_id_ignores_where_and_how_fast():
+    a = CurateConfig(**BASE)
+    b = CurateConfig(**BASE, batch_size=7, lake="/elsewhere", engine={"dtype": "bfloat16"})
+    assert run_id_for(a) == run_id_for(b)
+    assert run_id_for(a) != run_id_for(CurateConfig(**BASE, sampling={"top_p": 0.5}))
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such config"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_bundled_configs_are_valid():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert len(configs) >= 2
+    for path in configs:
+        load_config(path)
+    assert load_config(configs[0].with_name("demo.yaml")).select.cap == 2
