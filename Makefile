@@ -13,6 +13,11 @@ setup: $(STAMP)
 
 # Re-installs only when pyproject.toml changes; the package itself is editable.
 $(STAMP): pyproject.toml
+	@# bubblewrap sandboxes candidate code; without it the code verifier warns and runs unsandboxed
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
+		echo "warning: could not install bubblewrap; code verification will run without a sandbox"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[$(EXTRA),dev]"

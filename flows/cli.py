@@ -238,6 +238,65 @@ def print_summary(s: dict) -> None:
     )
 
 
+@app.command("verify")
+def verify_cmd(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL: prompt fields (prompt or messages, "
+            "answer, tests, meta) and a `completion`."
+        ),
+    ],
+    verifier: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--verifier",
+            "-v",
+            help="Verifier to run (repeatable): exact, math, choice, regex, format, code, reward.",
+        ),
+    ] = None,
+    options: Annotated[
+        str | None,
+        typer.Option(
+            help='JSON options per verifier, e.g. \'{"format": {"required": ["<answer>"]}}\'.'
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write verdict JSONL here (default: stdout).")
+    ] = None,
+) -> None:
+    """Score an external JSONL of candidates with thresher's verifiers.
+
+    Writes one JSON line per (row, verifier): line, candidate_id (the row's `id`, else
+    line-N), verifier, score, passed, reason, elapsed_ms. A malformed row gives one line
+    with an `error` instead. A summary goes to stderr.
+    """
+    import json
+
+    from thresher.verifiers.external import verify_file
+
+    names = verifier or ["exact"]
+    try:
+        opts = json.loads(options) if options else {}
+        rows = list(verify_file(path, names, opts))
+    except json.JSONDecodeError as e:
+        fail(f"--options is not JSON: {e}", code=2)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        fail(str(e).strip("'\""), code=2)
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    if out:
+        out.write_text(lines)
+    else:
+        sys.stdout.write(lines)
+    bad = sum(1 for r in rows if "error" in r)
+    for name in names:
+        got = [r for r in rows if r.get("verifier") == name]
+        passed = sum(r["passed"] for r in got)
+        typer.echo(f"{name}: {passed}/{len(got)} passed", err=True)
+    if bad:
+        typer.echo(f"{bad} malformed rows (see their `error`)", err=True)
+
+
 @app.command("tiny-model")
 def tiny_model(
     out: Annotated[Path, typer.Argument(help="Folder to write the model to.")],

@@ -62,9 +62,51 @@ class ServerConfig(_Strict):
 
 
 class VerifyConfig(_Strict):
-    """Which verifiers score the candidates; a candidate passes when all of them pass it."""
+    """Which verifiers score the candidates, and which verdicts make a candidate pass."""
 
-    verifiers: list[str] = Field(default_factory=lambda: ["exact"], min_length=1)
+    verifiers: list[str] = Field(
+        default_factory=lambda: ["exact"],
+        min_length=1,
+        description="verifiers for every prompt (unless by_task names its task)",
+    )
+    by_task: dict[str, list[str]] = Field(
+        default_factory=dict, description="task -> verifiers for prompts of that task"
+    )
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="verifier -> its options, e.g. code: {timeout_s: 5}"
+    )
+    rule: str | None = Field(
+        None, description='e.g. "math and format"; default: every verdict passed'
+    )
+
+    @model_validator(mode="after")
+    def _known_names(self) -> VerifyConfig:
+        from thresher.stores.rules import rule_names
+        from thresher.verifiers import registry
+
+        known = set(registry())
+        used = set(self.verifiers) | {n for names in self.by_task.values() for n in names}
+        unknown = (used | set(self.options)) - known
+        if unknown:
+            raise ValueError(
+                f"unknown verifier(s) {sorted(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        if self.rule:
+            missing = rule_names(self.rule) - used
+            if missing:
+                raise ValueError(f"rule names verifiers that never run: {sorted(missing)}")
+        return self
+
+    def for_task(self, task: str) -> list[str]:
+        """The verifiers that score candidates of prompts of `task`."""
+        return self.by_task.get(task, self.verifiers)
+
+    def all_names(self) -> list[str]:
+        """Every verifier some prompt uses, in a stable order."""
+        names = list(self.verifiers)
+        for task_names in self.by_task.values():
+            names += [n for n in task_names if n not in names]
+        return names
 
 
 class SelectConfig(_Strict):

@@ -117,7 +117,7 @@ def engine_for(cfg: CurateConfig):
 
 @task(name="verify", cache_policy=NO_CACHE)
 def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
-    """Score the batch's unscored candidates with every configured verifier."""
+    """Score the batch's unscored candidates with the verifiers of each prompt's task."""
     import polars as pl
 
     from thresher.stores.queries import candidates_to_verify
@@ -125,12 +125,15 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
 
     lake = Lake(lake_root)
     written = 0
-    for name in cfg.verify.verifiers:
-        verifier = get_verifier(name)
+    v = cfg.verify
+    for name in v.all_names():
         todo = candidates_to_verify(lake, run_id, prompt_ids, name)
+        tasks = [t for t in todo["task"].unique().to_list() if name in v.for_task(t)]
+        todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        verdicts = verifier.run(todo).with_columns(
+        verdicts = get_verifier(name, v.options.get(name)).run(todo)
+        verdicts = verdicts.with_columns(
             pl.lit(run_id).alias("run_id"), pl.lit(now()).alias("created_at")
         )
         written += lake.append("verdicts", verdicts)
@@ -142,7 +145,7 @@ def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
     """Drop failures and duplicates, cap per prompt, and record why."""
     from thresher.stores.select import select_batch as select
 
-    return select(Lake(lake_root), run_id, cfg.round, prompt_ids, cfg.select.cap)
+    return select(Lake(lake_root), run_id, cfg.round, prompt_ids, cfg.select.cap, cfg.verify.rule)
 
 
 @flow(name="curate")

@@ -61,21 +61,21 @@ def candidates_to_verify(lake: Lake, run_id: str, prompt_ids: list[str], verifie
 
 
 def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
-    """Prompts, candidates, pass rate and kept counts of one run."""
+    """Prompts, candidates, pass rate and kept counts of one run (passed = not `failed`)."""
     row = lake.query(
-        """SELECT count(DISTINCT o.prompt_id) AS prompts,
+        """SELECT count(DISTINCT c.prompt_id) AS prompts,
                   count(*) AS candidates,
-                  count(*) FILTER (WHERE o.passed) AS passed,
-                  coalesce(avg(o.passed::INT), 0) AS pass_rate,
-                  count(DISTINCT o.prompt_id) FILTER (WHERE o.passed) AS prompts_solved,
+                  count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
+                  coalesce(avg((s.drop_reason IS DISTINCT FROM 'failed')::INT), 0) AS pass_rate,
+                  count(DISTINCT c.prompt_id)
+                      FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS prompts_solved,
                   count(*) FILTER (WHERE s.kept) AS kept,
                   count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
                   count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
                   count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
-           FROM candidate_outcomes o
-           JOIN candidates c USING (candidate_id)
-           LEFT JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = ?
-           WHERE o.run_id = ?""",
+           FROM candidates c
+           JOIN selections s ON s.candidate_id = c.candidate_id AND s.round = ?
+           WHERE c.run_id = ?""",
         [round_, run_id],
     ).row(0, named=True)
     row["pass_rate"] = round(float(row["pass_rate"]), 4)

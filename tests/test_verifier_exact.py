@@ -51,5 +51,5 @@ def test_batch_interface_one_row_per_candidate():
 
 
 def test_unknown_verifier_names_the_known_ones():
-    with pytest.raises(KeyError, match="known: exact"):
+    with pytest.raises(KeyError, match="known: .*exact"):
         get_verifier("nope")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import polars as pl
 
@@ -13,17 +13,33 @@ class Verifier(Protocol):
     def run(self, batch: pl.DataFrame) -> pl.DataFrame: ...
 
 
-def get_verifier(name: str) -> Verifier:
-    """The verifier registered under `name`."""
+def registry() -> dict[str, type]:
+    """Verifier names and their classes."""
+    from thresher.verifiers.code import UnitTests
     from thresher.verifiers.exact import ExactMatch
+    from thresher.verifiers.math_answer import MathAnswer
+    from thresher.verifiers.reward import RewardModel
+    from thresher.verifiers.rules import Choice, Format, Regex
 
-    registry = {"exact": ExactMatch}
-    if name not in registry:
-        raise KeyError(f"unknown verifier {name!r}; known: {', '.join(sorted(registry))}")
-    return registry[name]()
+    classes = (ExactMatch, MathAnswer, Choice, Regex, Format, UnitTests, RewardModel)
+    return {cls.name: cls for cls in classes}
 
 
-def verify(batch: pl.DataFrame, names: list[str]) -> pl.DataFrame:
+def get_verifier(name: str, options: dict[str, Any] | None = None) -> Verifier:
+    """The verifier registered under `name`, built with its options."""
+    known = registry()
+    if name not in known:
+        raise KeyError(f"unknown verifier {name!r}; known: {', '.join(sorted(known))}")
+    try:
+        return known[name](**(options or {}))
+    except TypeError as e:
+        raise ValueError(f"bad options for verifier {name!r}: {e}") from None
+
+
+def verify(
+    batch: pl.DataFrame, names: list[str], options: dict[str, dict[str, Any]] | None = None
+) -> pl.DataFrame:
     """Every named verifier's verdicts on every row of `batch`."""
-    frames = [get_verifier(name).run(batch) for name in names]
+    options = options or {}
+    frames = [get_verifier(name, options.get(name)).run(batch) for name in names]
     return pl.concat(frames) if frames else pl.DataFrame()

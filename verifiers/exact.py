@@ -7,29 +7,7 @@ import re
 import polars as pl
 
 from thresher.verifiers.base import Verdict, map_rows
-
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-_HASHES = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
-_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_IS = re.compile(
-    r"answer\s*(?:is|:)\s*\$?([^\n]+?)\$?\s*(?:\.\s*)?$", re.IGNORECASE | re.MULTILINE
-)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def extract_answer(text: str) -> tuple[str | None, str]:
-    """The final answer in `text` and how it was found."""
-    for how, pattern in (("boxed", _BOXED), ("####", _HASHES), ("<answer>", _TAG)):
-        found = pattern.findall(text)
-        if found:
-            return found[-1].strip(), how
-    found = _ANSWER_IS.findall(text)
-    if found:
-        return found[-1].strip(), "'answer is'"
-    found = _NUMBER.findall(text)
-    if found:
-        return found[-1], "last number"
-    return None, "nothing"
+from thresher.verifiers.extract import extract_answer
 
 
 def normalise(answer: str) -> str:

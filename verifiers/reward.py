@@ -1,0 +1,114 @@
+"""The `reward` verifier: a sequence-classification reward model scores each candidate."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import polars as pl
+
+from thresher.verifiers.base import Verdict, verdict_frame
+
+_MODELS: dict[str, Any] = {}
+
+
+def _load(path: str):
+    if path not in _MODELS:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        cuda = torch.cuda.is_available()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=torch.bfloat16 if cuda else torch.float32
+        )
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model.to("cuda" if cuda else "cpu").eval()
+        _MODELS[path] = (tokenizer, model)
+    return _MODELS[path]
+
+
+class RewardModel:
+    """Score (prompt, candidate) with a reward model; pass by threshold or top-n per prompt.
+
+    Options: `model` (a local folder), `threshold` (pass when score >= it; default 0.0),
+    `top_n` (instead: the n best candidates of each prompt pass), `batch_size`,
+    `max_length`. Inputs are sorted by length so padding stays small.
+    """
+
+    name = "reward"
+
+    def __init__(
+        self,
+        model: str,
+        threshold: float | None = None,
+        top_n: int | None = None,
+        batch_size: int = 16,
+        max_length: int = 2048,
+    ):
+        if threshold is not None and top_n is not None:
+            raise ValueError("give threshold or top_n, not both")
+        self.model = model
+        self.threshold = 0.0 if threshold is None and top_n is None else threshold
+        self.top_n = top_n
+        self.batch_size = batch_size
+        self.max_length = max_length
+
+    def _texts(self, tokenizer, rows: list[dict]) -> list[str]:
+        out = []
+        for row in rows:
+            if row.get("messages") and tokenizer.chat_template:
+                messages = json.loads(row["messages"])
+                convo = [*messages, {"role": "assistant", "content": row["text"]}]
+                out.append(tokenizer.apply_chat_template(convo, tokenize=False))
+            else:
+                out.append((row.get("prompt") or "") + row["text"])
+        return out
+
+    def scores(self, rows: list[dict]) -> list[float]:
+        """One reward per row, in row order."""
+        import torch
+
+        tokenizer, model = _load(self.model)
+        texts = self._texts(tokenizer, rows)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        scores = [0.0] * len(texts)
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start : start + self.batch_size]
+                enc = tokenizer(
+                    [texts[i] for i in idx],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                ).to(model.device)
+                logits = model(**enc).logits.float()
+                values = logits[:, 0] if logits.shape[1] == 1 else logits[:, -1] - logits[:, 0]
+                for i, v in zip(idx, values.tolist(), strict=True):
+                    scores[i] = v
+        return scores
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        rows = batch.to_dicts()
+        start = time.perf_counter()
+        scores = self.scores(rows)
+        per_row_ms = (time.perf_counter() - start) * 1000 / max(len(rows), 1)
+        if self.top_n is not None:
+            ranked = pl.DataFrame({"p": [r["prompt_id"] for r in rows], "s": scores})
+            rank = ranked.select(pl.col("s").rank("ordinal", descending=True).over("p"))["s"]
+            passed = [r <= self.top_n for r in rank.to_list()]
+            rule = f"top {self.top_n} of its prompt"
+        else:
+            passed = [s >= self.threshold for s in scores]
+            rule = f">= {self.threshold}"
+        verdicts = [
+            Verdict(s, p, f"reward {s:.4f} {'meets' if p else 'misses'} {rule}")
+            for s, p in zip(scores, passed, strict=True)
+        ]
+        return verdict_frame(
+            self.name, batch["candidate_id"].to_list(), verdicts, [per_row_ms] * len(rows)
+        )

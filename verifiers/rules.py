@@ -1,0 +1,134 @@
+"""Rule verifiers: multiple-choice letter, regex, and output format."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import polars as pl
+
+from thresher.verifiers.base import Verdict, map_rows
+from thresher.verifiers.extract import final_answers
+
+_LETTER = re.compile(r"^\(?([A-Za-z])\)?[.:)]?$")
+_LETTERS_IN = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")
+
+
+class Choice:
+    """The `choice` verifier: the chosen letter equals the reference letter.
+
+    The letter comes from \\boxed{}, <answer>, `####` or "the answer is (B)"; naming
+    several letters is a hedge and fails.
+    """
+
+    name = "choice"
+
+    def judge(self, text: str, reference: str | None) -> Verdict:
+        if not reference or not _LETTER.match(reference.strip()):
+            return Verdict(0.0, False, f"reference {reference!r} is not a choice letter")
+        want = _LETTER.match(reference.strip()).group(1).upper()
+        answers, how = final_answers(text)
+        if not answers or how == "last number":
+            return Verdict(0.0, False, "no chosen letter found")
+        letters = {m.upper() for a in answers for m in _LETTERS_IN.findall(a)}
+        if len(letters) != 1:
+            what = "no letter" if not letters else f"several letters {sorted(letters)}"
+            return Verdict(0.0, False, f"{how}: {what} in {answers[-1]!r}")
+        got = letters.pop()
+        passed = got == want
+        return Verdict(float(passed), passed, f"{how}: chose {got}, reference {want}")
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        return map_rows(self.name, batch, lambda row: self.judge(row["text"], row["answer"]))
+
+
+class Regex:
+    """The `regex` verifier: the final answer (or, with `whole: true`, the whole text)
+    fully matches the reference answer read as a regular expression."""
+
+    name = "regex"
+
+    def __init__(self, whole: bool = False, flags: str = ""):
+        self.whole = whole
+        self.flags = re.IGNORECASE if "i" in flags else 0
+
+    def judge(self, text: str, reference: str | None) -> Verdict:
+        if not reference:
+            return Verdict(0.0, False, "no reference pattern for this prompt")
+        try:
+            rx = re.compile(reference, self.flags | re.DOTALL)
+        except re.error as e:
+            return Verdict(0.0, False, f"reference is not a valid regex: {e}")
+        if self.whole:
+            subject, how = text.strip(), "whole text"
+        else:
+            answers, how = final_answers(text)
+            if not answers:
+                return Verdict(0.0, False, "no final answer found")
+            subject = answers[-1]
+        passed = rx.fullmatch(subject) is not None
+        verb = "matches" if passed else "does not match"
+        return Verdict(float(passed), passed, f"{how}: {subject[:80]!r} {verb} /{reference}/")
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        return map_rows(self.name, batch, lambda row: self.judge(row["text"], row["answer"]))
+
+
+class Format:
+    """The `format` verifier: required tags or sections are present, in order, once each;
+    optionally the text inside `json_tag` (or the whole text) is JSON valid against
+    `json_schema`.
+
+    Options: `required` (list of strings, e.g. ["<think>", "</think>", "<answer>",
+    "</answer>"]), `json_schema` (a JSON Schema object), `json_tag` (e.g. "answer").
+    """
+
+    name = "format"
+
+    def __init__(
+        self,
+        required: list[str] | None = None,
+        json_schema: dict | None = None,
+        json_tag: str | None = None,
+    ):
+        self.required = required or []
+        self.json_schema = json_schema
+        self.json_tag = json_tag
+        self._validator = None
+        if json_schema is not None:
+            import jsonschema
+
+            jsonschema.Draft202012Validator.check_schema(json_schema)
+            self._validator = jsonschema.Draft202012Validator(json_schema)
+
+    def judge(self, text: str) -> Verdict:
+        pos = 0
+        for marker in self.required:
+            count = text.count(marker)
+            if count != 1:
+                what = "missing" if count == 0 else f"appears {count} times"
+                return Verdict(0.0, False, f"{marker!r} {what}")
+            at = text.find(marker)
+            if at < pos:
+                return Verdict(0.0, False, f"{marker!r} is out of order")
+            pos = at + len(marker)
+        if self._validator is not None:
+            body = text
+            if self.json_tag:
+                m = re.search(rf"<{self.json_tag}>(.*?)</{self.json_tag}>", text, re.DOTALL)
+                if not m:
+                    return Verdict(0.0, False, f"no <{self.json_tag}> block with JSON")
+                body = m.group(1)
+            body = re.sub(r"^\s*```(?:json)?\s*|\s*```\s*$", "", body.strip())
+            try:
+                value = json.loads(body)
+            except json.JSONDecodeError as e:
+                return Verdict(0.0, False, f"not JSON: {e.msg} at column {e.colno}")
+            error = next(iter(self._validator.iter_errors(value)), None)
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "top level"
+                return Verdict(0.0, False, f"JSON schema: {error.message[:120]} (at {where})")
+        return Verdict(1.0, True, "format ok")
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        return map_rows(self.name, batch, lambda row: self.judge(row["text"]))
