@@ -28,7 +28,7 @@ def loaded_after(args, tmp_path):
 def test_help_and_sql_do_not_import_heavy_libraries(tmp_path, lake):
     res, loaded = loaded_after(["--help"], tmp_path)
     assert "curate" in res.stdout and loaded == []
-    for cmd in ("ingest", "sql", "curate", "tables", "tiny-model"):
+    for cmd in ("ingest", "sql", "curate", "tables", "verify", "tiny-model"):
         res, loaded = loaded_after([cmd, "--help"], tmp_path)
         assert "Usage" in res.stdout and loaded == [], (cmd, loaded)
     res, loaded = loaded_after(
@@ -49,3 +49,48 @@ def test_curate_reports_bad_config_clearly(tmp_path):
     assert res.returncode == 2
     assert "sampling.k" in res.stderr and "sampling.temprature" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_verify_command_scores_an_external_file(tmp_path):
+    src = tmp_path / "cands.jsonl"
+    src.write_text(
+        json.dumps({"id": "a", "prompt": "1+1?", "answer": "2", "completion": r"\boxed{2}"})
+        + "\n"
+        + json.dumps({"prompt": "2+2?", "answer": 4, "completion": "The answer is 5"})
+        + "\n"
+        + "not json\n"
+        + json.dumps({"prompt": "no completion"})
+        + "\n"
+    )
+    out = tmp_path / "verdicts.jsonl"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thresher.flows.cli",
+            "verify",
+            str(src),
+            "-v",
+            "math",
+            "-v",
+            "format",
+            "--options",
+            '{"format": {"required": ["boxed"]}}',
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    errors = {r["line"]: r["error"] for r in rows if "error" in r}
+    assert errors[3].startswith("invalid JSON") and errors[4].startswith("missing completion")
+    got = {(r["candidate_id"], r["verifier"]): r["passed"] for r in rows if "verifier" in r}
+    assert got == {
+        ("a", "math"): True,
+        ("line-2", "math"): False,
+        ("a", "format"): True,
+        ("line-2", "format"): False,
+    }
+    assert "math: 1/2 passed" in res.stderr and "2 malformed rows" in res.stderr

@@ -53,3 +53,17 @@ def test_bundled_configs_are_valid():
     for path in configs:
         load_config(path)
     assert load_config(configs[0].with_name("demo.yaml")).select.cap == 2
+
+
+def test_verify_section_is_checked():
+    with pytest.raises(ValueError, match="unknown verifier"):
+        CurateConfig(**BASE, verify={"verifiers": ["maths"]})
+    with pytest.raises(ValueError, match="never run"):
+        CurateConfig(**BASE, verify={"verifiers": ["math"], "rule": "math and format"})
+    with pytest.raises(ValueError, match="only verifier names"):
+        CurateConfig(**BASE, verify={"verifiers": ["math"], "rule": "math + 1"})
+    v = CurateConfig(
+        **BASE, verify={"verifiers": ["math", "format"], "by_task": {"code": ["code"]}}
+    ).verify
+    assert v.for_task("code") == ["code"] and v.for_task("algebra") == ["math", "format"]
+    assert v.all_names() == ["math", "format", "code"]

@@ -72,3 +72,59 @@ def test_cap_holds_for_every_prompt(lake, cap):
 def test_cap_must_be_positive(lake):
     with pytest.raises(ValueError, match="cap"):
         select_batch(lake, "r", 0, ["p"], cap=0)
+
+
+@pytest.mark.parametrize(
+    "rule, kept",
+    [
+        ("math and format", ["c0"]),
+        ("math", ["c0", "c1"]),
+        ("math or format", ["c0", "c1", "c2"]),
+        ("math and not format", ["c1"]),
+        (None, ["c0"]),
+    ],
+)
+def test_rule_combines_verifiers(lake, rule, kept):
+    lake.append(
+        "candidates",
+        [
+            {
+                "candidate_id": f"c{i}",
+                "prompt_id": "p",
+                "run_id": "r",
+                "round": 0,
+                "model": "m",
+                "sample_idx": i,
+                "text": f"t{i}",
+            }
+            for i in range(3)
+        ],
+    )
+    # c0: right and well formatted; c1: right, badly formatted; c2: wrong, well formatted
+    verdicts = [
+        ("c0", "math", True),
+        ("c0", "format", True),
+        ("c1", "math", True),
+        ("c1", "format", False),
+        ("c2", "math", False),
+        ("c2", "format", True),
+    ]
+    lake.append(
+        "verdicts",
+        [
+            {"candidate_id": c, "verifier": v, "passed": p, "score": float(p)}
+            for c, v, p in verdicts
+        ],
+    )
+    select_batch(lake, "r", 0, ["p"], cap=5, rule=rule)
+    got = lake.query("SELECT candidate_id FROM selections WHERE kept ORDER BY 1")
+    assert got["candidate_id"].to_list() == kept
+
+
+def test_malformed_rules_are_refused():
+    from thresher.stores.rules import RuleError, rule_names
+
+    assert rule_names("math and (format or not code)") == {"math", "format", "code"}
+    for bad in ("math +", "__import__('os')", "math == 1", "math and"):
+        with pytest.raises(RuleError):
+            rule_names(bad)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 
 import polars as pl
 
@@ -22,6 +24,28 @@ def _clean(answer: str) -> str:
 
 def _as_latex(answer: str) -> str:
     return answer if answer.startswith("$") else f"${answer}$"
+
+
+_PLAIN = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def _plain_number(text: str) -> Decimal | None:
+    """The value of a plain decimal number ("1,234", "-0.5"); None for anything else."""
+    t = text.replace(",", "") if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", text) else text
+    if not _PLAIN.fullmatch(t):
+        return None
+    try:
+        return Decimal(t)
+    except InvalidOperation:
+        return None
+
+
+@lru_cache(maxsize=65536)
+def _parsed(latex: str, timeout: int | None):
+    # k candidates share a reference and often an answer: parse each string once
+    from math_verify import parse
+
+    return parse(latex, parsing_timeout=timeout)
 
 
 def _several(answer: str, reference: str) -> bool:
@@ -46,16 +70,13 @@ class MathAnswer:
         self.timeout_s = timeout_s
 
     def judge(self, text: str, reference: str | None) -> Verdict:
-        from math_verify import parse, verify
+        from math_verify import verify
 
         if reference is None or not str(reference).strip():
             return Verdict(0.0, False, "no reference answer for this prompt")
         answers, how = final_answers(text, self.pattern)
         if not answers:
             return Verdict(0.0, False, "no final answer found")
-        # a signal-based timeout needs the main thread; elsewhere the batch runs without one
-        timeout = self.timeout_s if threading.current_thread() is threading.main_thread() else None
-        gold = parse(_as_latex(_clean(str(reference))), parsing_timeout=timeout)
         if len(answers) > 1:
             values = {_clean(a) for a in answers}
             if len(values) > 1:
@@ -63,7 +84,16 @@ class MathAnswer:
         answer = _clean(answers[-1])
         if _several(answer, str(reference)):
             return Verdict(0.0, False, f"hedged: several values in {answer!r} ({how})")
-        pred = parse(_as_latex(answer), parsing_timeout=timeout)
+        ref = _clean(str(reference))
+        a, b = _plain_number(answer), _plain_number(ref)
+        if a is not None and b is not None:  # two plain numbers: exact decimal comparison
+            if a == b:
+                return Verdict(1.0, True, f"{how}: {answer!r} equals {reference!r}")
+            return Verdict(0.0, False, f"{how}: {answer!r} is not {reference!r}")
+        # a signal-based timeout needs the main thread; elsewhere the batch runs without one
+        timeout = self.timeout_s if threading.current_thread() is threading.main_thread() else None
+        gold = _parsed(_as_latex(ref), timeout)
+        pred = _parsed(_as_latex(answer), timeout)
         if not pred:
             return Verdict(0.0, False, f"{how}: could not parse {answer!r}")
         try:

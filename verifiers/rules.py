@@ -30,7 +30,10 @@ class Choice:
         answers, how = final_answers(text)
         if not answers or how == "last number":
             return Verdict(0.0, False, "no chosen letter found")
-        letters = {m.upper() for a in answers for m in _LETTERS_IN.findall(a)}
+        letters = set()
+        for a in answers:
+            whole = _LETTER.match(a.strip())  # a lone letter, either case
+            letters |= {whole.group(1).upper()} if whole else set(_LETTERS_IN.findall(a))
         if len(letters) != 1:
             what = "no letter" if not letters else f"several letters {sorted(letters)}"
             return Verdict(0.0, False, f"{how}: {what} in {answers[-1]!r}")

@@ -1,0 +1,69 @@
+"""The reward-model verifier with a tiny randomly initialised model saved by the test."""
+
+import polars as pl
+import pytest
+
+from thresher.verifiers.reward import RewardModel
+
+
+@pytest.fixture(scope="module")
+def reward_model(tiny_model, tmp_path_factory):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def batch():
+    texts = [
+        " 2 + 2 = 4. The answer is 4.",
+        " 5",
+        " 2 + 2 = 5. The answer is 5.",
+        " I do not know, sorry.",
+        " 9",
+    ]
+    return pl.DataFrame(
+        {
+            "candidate_id": [f"c{i}" for i in range(5)],
+            "prompt_id": ["p1", "p1", "p1", "p2", "p2"],
+            "prompt": ["What is 2 + 2?"] * 3 + ["What is 4 + 5?"] * 2,
+            "messages": [None] * 5,
+            "text": texts,
+        }
+    )
+
+
+def test_scores_do_not_depend_on_batching(reward_model):
+    rows = batch().to_dicts()
+    together = RewardModel(reward_model, batch_size=8).scores(rows)
+    alone = [RewardModel(reward_model, batch_size=1).scores([r])[0] for r in rows]
+    assert together == pytest.approx(alone, abs=1e-4)
+    assert len(set(round(s, 6) for s in together)) > 1
+
+
+def test_threshold_and_top_n(reward_model):
+    scores = RewardModel(reward_model).scores(batch().to_dicts())
+    cut = sorted(scores)[2]
+    out = RewardModel(reward_model, threshold=cut).run(batch())
+    assert out["passed"].to_list() == [s >= cut for s in scores]
+    assert out["score"].to_list() == pytest.approx(scores)
+    top = RewardModel(reward_model, top_n=1).run(batch())
+    per_prompt = top.with_columns(p=batch()["prompt_id"]).group_by("p").agg(pl.col("passed").sum())
+    assert sorted(per_prompt["passed"].to_list()) == [1, 1]
+    with pytest.raises(ValueError, match="not both"):
+        RewardModel(reward_model, threshold=0.0, top_n=1)
