@@ -158,3 +158,25 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(humaneval):
     stubs = verifier.run(batch([_body_returns_none(p) for p in humaneval]))
     passed = stubs.filter(pl.col("passed"))
     assert passed.height == 0, passed.select("candidate_id", "reason").rows()[:5]
+
+
+def test_without_bubblewrap_it_warns_once_and_still_judges(monkeypatch):
+    from thresher.verifiers import sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    monkeypatch.setitem(sandbox._WARNED, "done", False)
+    with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
+        outcomes = run_jobs(
+            [
+                Job(GOOD, TESTS),
+                Job(ATTACKS["wrong answer"], TESTS),
+                Job(ATTACKS["os._exit(0) before the tests"], TESTS),
+            ],
+            LIMITS,
+        )
+    assert [o.passed for o in outcomes] == [True, False, False]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second batch does not warn again
+        run_jobs([Job(GOOD, TESTS)], LIMITS)

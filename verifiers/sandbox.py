@@ -264,8 +264,9 @@ def _run_chunk(jobs: list[Job], limits: Limits) -> list[Outcome]:
     env = {"PATH": "/usr/bin:/bin"} if not sandboxed else None
     # the harness enforces each job's timeout; this one only catches a stuck harness
     backstop = limits.timeout_s * len(jobs) + 30
-    # as root, run the sandbox as `nobody`: then the process-count limit holds too
-    drop = sandboxed and os.getuid() == 0 and _interpreter().startswith("/usr")
+    # as root, run as `nobody`: the process-count limit then holds, and without a sandbox
+    # a candidate's kill(-1) or file writes cannot reach the pipeline's processes or files
+    drop = os.getuid() == 0 and _interpreter().startswith("/usr")
     user = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if drop else {}
     try:
         proc = subprocess.run(
