@@ -234,8 +234,48 @@ def print_summary(s: dict) -> None:
         f"{s['truncated']} cut at max_tokens)\n"
         f"  passed {s['passed']} ({s['pass_rate']:.1%}); {s['prompts_solved']} prompts "
         f"have a passing candidate\n"
-        f"  kept {s['kept']} (dropped {s['duplicates']} duplicates, {s['capped']} over the cap)"
+        f"  kept {s['kept']} (dropped {s['duplicates']} duplicates, {s['capped']} over the cap"
+        + (f", {s['contaminated']} contaminated" if s["contaminated"] else "")
+        + (f", {s['too_easy']} from too-easy prompts" if s["too_easy"] else "")
+        + ")"
     )
+
+
+class ExportFormat(StrEnum):
+    sft = "sft"
+    dpo = "dpo"
+
+
+@app.command()
+def export(
+    round_: Annotated[int, typer.Option("--round", "-r", help="Round to export.")],
+    to: Annotated[
+        Path, typer.Option("--to", help="Folder to write (datasets save_to_disk, plus data.jsonl).")
+    ],
+    fmt: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="sft: prompt + kept answer; dpo: prompt, chosen (kept), rejected (failed).",
+        ),
+    ] = ExportFormat.sft,
+    all_rounds: Annotated[
+        bool, typer.Option(help="Rounds 0..R together (as STaR trains on).")
+    ] = False,
+    lake: LakeOption = None,
+) -> None:
+    """Export a round's selected data for training (load it with datasets.load_from_disk)."""
+    from thresher.stores.export import ExportError, export_round
+    from thresher.stores.lake import Lake
+
+    if to.exists() and any(to.iterdir()):
+        fail(f"{to} exists and is not empty")
+    try:
+        n = export_round(Lake(lake, create=False), round_, fmt.value, to, all_rounds)
+    except (ExportError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")
 
 
 @app.command("verify")

@@ -109,10 +109,39 @@ class VerifyConfig(_Strict):
         return names
 
 
+class DecontamConfig(_Strict):
+    """Keep evaluation items out of training data."""
+
+    enabled: bool = True
+    eval_datasets: list[str] | None = Field(
+        None, description="datasets whose eval split is checked (default: every dataset)"
+    )
+    files: list[str] = Field(default_factory=list, description="more JSONL/text files to check")
+    ngram: int = Field(13, ge=1, description="word n-gram overlap that counts as contamination")
+    minhash_threshold: float | None = Field(
+        None, gt=0, lt=1, description="also drop near matches at this estimated Jaccard"
+    )
+
+
 class SelectConfig(_Strict):
-    """What survives: exact duplicates within a prompt are dropped, then at most `cap` kept."""
+    """What survives: failures, easy prompts, contamination and duplicates are dropped,
+    then at most `cap` candidates per prompt are kept, chosen by `policy`."""
 
     cap: int = Field(4, ge=1, description="most candidates kept per prompt")
+    policy: Literal["diverse", "shortest", "top_score", "random", "first"] = Field(
+        "diverse", description="which candidates the cap keeps"
+    )
+    seed: int = Field(0, description="seed of the random policy")
+    lowercase: bool = Field(False, description="case-insensitive duplicate detection")
+    near_dup: bool = Field(True, description="MinHash LSH near-duplicate removal")
+    threshold: float = Field(0.8, gt=0, lt=1, description="near-duplicate Jaccard threshold")
+    num_perm: int = Field(128, ge=16)
+    shingle_size: int = Field(5, ge=1, description="words per shingle")
+    across_prompts: bool = Field(False, description="near-duplicates across prompts too")
+    max_pass_rate: float | None = Field(
+        None, ge=0, le=1, description="drop prompts solved more often than this (too easy)"
+    )
+    decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
 
 
 class CurateConfig(_Strict):

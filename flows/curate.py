@@ -142,10 +142,44 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
 
 @task(name="select", cache_policy=NO_CACHE)
 def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
-    """Drop failures and duplicates, cap per prompt, and record why."""
+    """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why."""
     from thresher.stores.select import select_batch as select
 
-    return select(Lake(lake_root), run_id, cfg.round, prompt_ids, cfg.select.cap, cfg.verify.rule)
+    s = cfg.select
+    options = s.model_dump(exclude={"cap", "decontaminate"})
+    return select(
+        Lake(lake_root),
+        run_id,
+        cfg.round,
+        prompt_ids,
+        s.cap,
+        cfg.verify.rule,
+        eval_index=eval_index(lake_root, cfg),
+        **options,
+    )
+
+
+_EVAL_INDEXES: dict[str, Any] = {}
+
+
+def eval_index(lake_root: str, cfg: CurateConfig):
+    """The decontamination index for this config, built once per process and lake."""
+    from thresher.stores.decontam import EvalIndex, file_items
+    from thresher.stores.queries import eval_items
+
+    d = cfg.select.decontaminate
+    if not d.enabled:
+        return None
+    lake = Lake(lake_root)
+    n_eval = lake.query("SELECT count(*) AS n FROM prompts WHERE split = 'eval'")["n"][0]
+    key = content_id(str(Path(lake_root).resolve()), d.model_dump(), int(n_eval))
+    if key not in _EVAL_INDEXES:
+        index = EvalIndex(n=d.ngram, minhash_threshold=d.minhash_threshold)
+        index.add(eval_items(lake, d.eval_datasets))
+        for path in d.files:
+            index.add(file_items(path))
+        _EVAL_INDEXES[key] = index
+    return _EVAL_INDEXES[key]
 
 
 @flow(name="curate")

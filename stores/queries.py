@@ -72,6 +72,8 @@ def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
                   count(*) FILTER (WHERE s.kept) AS kept,
                   count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
                   count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
+                  count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
+                  count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
                   count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
            FROM candidates c
            JOIN selections s ON s.candidate_id = c.candidate_id AND s.round = ?
@@ -80,3 +82,14 @@ def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
     ).row(0, named=True)
     row["pass_rate"] = round(float(row["pass_rate"]), 4)
     return row
+
+
+def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str, str]]:
+    """(prompt_id, prompt text) of every eval-split prompt (of `datasets`, if given)."""
+    sql = "SELECT prompt_id, coalesce(prompt, messages) AS text FROM prompts WHERE split = 'eval'"
+    params: list = []
+    if datasets is not None:
+        sql += " AND dataset IN (SELECT unnest(?))"
+        params.append(datasets)
+    rows = lake.query(sql, params or None)
+    return list(zip(rows["prompt_id"].to_list(), rows["text"].to_list(), strict=True))

@@ -1,64 +1,246 @@
-"""Selection: which verified candidates of a round become training data, and why the rest don't."""
+"""Selection: which verified candidates of a round become training data, and why the rest don't.
+
+For each candidate of a batch, in this order: `failed` (the rule does not hold),
+`too_easy` (its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>`
+(its prompt or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised
+text, or a MinHash near-duplicate, of a candidate kept before it), `capped` (over the
+per-prompt cap under the chosen policy); otherwise kept. One `selections` row each.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
 import pyarrow as pa
 
 from thresher.stores.lake import Lake, now
 from thresher.stores.rules import rule_sql
 
-# One row per candidate of the batch: failed first, then exact duplicates within a prompt
-# (whitespace-normalised text), then the per-prompt cap over what is left.
-SELECT_SQL = """
-WITH c AS (
-    SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx,
-           coalesce(cand.hinted, false) AS hinted,
-           md5(regexp_replace(trim(cand.text), '\\s+', ' ', 'g')) AS text_hash,
-           {passed} AS passed
-    FROM candidates cand
-    JOIN batch b ON b.prompt_id = cand.prompt_id
-    LEFT JOIN verdicts v ON v.candidate_id = cand.candidate_id
-    WHERE cand.run_id = $run_id AND cand.round = $round
-    GROUP BY ALL
-), firsts AS (
-    SELECT *, first_value(candidate_id) OVER (
-        PARTITION BY prompt_id, passed, text_hash ORDER BY hinted, sample_idx) AS first_id
-    FROM c
-), reasons AS (
-    SELECT *, CASE WHEN NOT passed THEN 'failed'
-                   WHEN first_id <> candidate_id THEN 'duplicate_of:' || first_id END AS reason
-    FROM firsts
-), ranked AS (
-    SELECT *, row_number() OVER (
-        PARTITION BY prompt_id, reason IS NULL ORDER BY hinted, sample_idx) AS rank
-    FROM reasons
-)
-SELECT $round AS round, candidate_id, prompt_id,
-       reason IS NULL AND rank <= $cap AS kept,
-       CASE WHEN reason IS NOT NULL THEN reason
-            WHEN rank > $cap THEN 'capped' END AS drop_reason,
-       $run_id AS run_id
-FROM ranked
-ORDER BY prompt_id, sample_idx
+Policy = Literal["diverse", "shortest", "top_score", "random", "first"]
+
+OUTCOMES_SQL = """
+SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
+       coalesce(cand.hinted, false) AS hinted,
+       p.prompt, p.messages,
+       {passed} AS passed,
+       coalesce(max(v.score) FILTER (WHERE v.verifier = 'reward'), avg(v.score)) AS score
+FROM candidates cand
+JOIN batch b ON b.prompt_id = cand.prompt_id
+LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
+LEFT JOIN verdicts v ON v.candidate_id = cand.candidate_id
+WHERE cand.run_id = $run_id AND cand.round = $round
+GROUP BY ALL
+ORDER BY cand.prompt_id, hinted, cand.sample_idx
 """
 
 
+@dataclass
+class SelectSpec:
+    """How a round's candidates are selected (see flows.config.SelectConfig)."""
+
+    cap: int = 4
+    rule: str | None = None
+    policy: Policy = "diverse"
+    seed: int = 0
+    lowercase: bool = False
+    near_dup: bool = True
+    threshold: float = 0.8
+    num_perm: int = 128
+    shingle_size: int = 5
+    across_prompts: bool = False
+    max_pass_rate: float | None = None
+    eval_index: object | None = field(default=None, repr=False)  # decontam.EvalIndex
+
+    def __post_init__(self):
+        if self.cap < 1:
+            raise ValueError(f"cap must be at least 1, got {self.cap}")
+
+
+def normalised_hash(text: str, lowercase: bool) -> str:
+    """Hash of the text with whitespace collapsed (and case folded when asked)."""
+    t = re.sub(r"\s+", " ", text.strip())
+    return hashlib.blake2b((t.lower() if lowercase else t).encode(), digest_size=8).hexdigest()
+
+
+def _random_key(seed: int, candidate_id: str) -> str:
+    return hashlib.blake2b(f"{seed}:{candidate_id}".encode(), digest_size=8).hexdigest()
+
+
+def farthest_first(sigs: np.ndarray, k: int) -> list[int]:
+    """Greedy max-min diversity: start from row 0, then add the row least similar
+    (estimated Jaccard) to everything chosen so far."""
+    chosen = [0]
+    nearest = (sigs == sigs[0]).mean(axis=1)  # similarity to the closest chosen row
+    nearest[0] = np.inf
+    while len(chosen) < min(k, len(sigs)):
+        nxt = int(np.argmin(nearest))  # ties go to the earlier row
+        chosen.append(nxt)
+        nearest = np.maximum(nearest, (sigs == sigs[nxt]).mean(axis=1))
+        nearest[chosen] = np.inf
+    return chosen
+
+
+def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None = None) -> None:
+    """Set `reason` (None = kept) on each row dict of one batch, in place.
+
+    Rows must be ordered by prompt, then unhinted before hinted, then sample index.
+    `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
+    for near-duplicate checks across prompts.
+    """
+    by_prompt: dict[str, list[dict]] = {}
+    for r in rows:
+        r["reason"] = None if r["passed"] else "failed"
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+
+    if spec.max_pass_rate is not None:
+        for group in by_prompt.values():
+            rate = sum(r["passed"] for r in group) / len(group)
+            if rate > spec.max_pass_rate:
+                for r in group:
+                    r["reason"] = r["reason"] or "too_easy"
+
+    if spec.eval_index is not None:
+        alive = [r for r in rows if r["reason"] is None]
+        prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in alive}
+        pids = list(prompt_text)
+        prompt_hits = dict(
+            zip(pids, spec.eval_index.match([prompt_text[p] for p in pids]), strict=True)
+        )
+        text_hits = spec.eval_index.match([r["text"] for r in alive])
+        for r, hit in zip(alive, text_hits, strict=True):
+            hit = prompt_hits[r["prompt_id"]] or hit
+            if hit is not None:
+                r["reason"] = f"contaminated:{hit}"
+
+    seen: dict[tuple, str] = {}
+    for r in rows:
+        if r["reason"] is None:
+            key = (r["prompt_id"], normalised_hash(r["text"], spec.lowercase))
+            if key in seen:
+                r["reason"] = f"duplicate_of:{seen[key]}"
+            else:
+                seen[key] = r["candidate_id"]
+
+    alive = [r for r in rows if r["reason"] is None]
+    need_sigs = spec.near_dup or spec.policy == "diverse"
+    if need_sigs and alive:
+        from thresher.stores.minhash import near_duplicates, signatures
+
+        sigs = signatures(
+            [r["text"] for r in alive], spec.num_perm, spec.shingle_size, lowercase=spec.lowercase
+        )
+        for r, sig in zip(alive, sigs, strict=True):
+            r["sig"] = sig
+        if spec.near_dup:
+            before = kept_before if spec.across_prompts else []
+            all_sigs = np.vstack([*(s for _, s in before or []), sigs]) if before else sigs
+            ids = [c for c, _ in before or []] + [r["candidate_id"] for r in alive]
+            groups = ["*"] * len(ids) if spec.across_prompts else [r["prompt_id"] for r in alive]
+            dups = near_duplicates(all_sigs, groups, spec.threshold)
+            offset = len(before or [])
+            for i, r in enumerate(alive):
+                if dups[offset + i] is not None:
+                    r["reason"] = f"duplicate_of:{ids[dups[offset + i]]}"
+
+    for group in by_prompt.values():
+        alive = [r for r in group if r["reason"] is None]
+        if len(alive) <= spec.cap:
+            continue
+        for r in _rank(alive, spec)[spec.cap :]:
+            r["reason"] = "capped"
+
+
+def _rank(alive: list[dict], spec: SelectSpec) -> list[dict]:
+    """The prompt's surviving candidates, best first, unhinted before hinted."""
+    out = []
+    for hinted in (False, True):
+        part = [r for r in alive if r["hinted"] == hinted]
+        if not part:
+            continue
+        if spec.policy == "diverse":
+            order = farthest_first(np.vstack([r["sig"] for r in part]), len(part))
+            part = [part[i] for i in order]
+        elif spec.policy == "shortest":
+            part = sorted(part, key=lambda r: (r["n_tokens"] or len(r["text"]), r["sample_idx"]))
+        elif spec.policy == "top_score":
+            part = sorted(part, key=lambda r: (-(r["score"] or 0.0), r["sample_idx"]))
+        elif spec.policy == "random":
+            part = sorted(part, key=lambda r: _random_key(spec.seed, r["candidate_id"]))
+        out += part
+    return out
+
+
 def select_batch(
-    lake: Lake, run_id: str, round_: int, prompt_ids: list[str], cap: int, rule: str | None = None
+    lake: Lake,
+    run_id: str,
+    round_: int,
+    prompt_ids: list[str],
+    cap: int = 4,
+    rule: str | None = None,
+    **options,
 ) -> int:
     """Write `selections` for a run's candidates of these prompts; returns rows written.
 
     `rule` (e.g. "math and format") says which verdicts make a candidate pass; by
-    default every verifier that scored it must have passed it.
+    default every verifier that scored it must have passed it. Other options are the
+    fields of SelectSpec (policy, near_dup, threshold, eval_index, ...).
     """
-    if cap < 1:
-        raise ValueError(f"cap must be at least 1, got {cap}")
+    spec = SelectSpec(cap=cap, rule=rule, **options)
     con = lake.connect()
     try:
         con.register("batch", pa.table({"prompt_id": pa.array(prompt_ids, pa.string())}))
-        params = {"run_id": run_id, "round": round_, "cap": cap}
-        table = con.sql(SELECT_SQL.format(passed=rule_sql(rule)), params=params).to_arrow_table()
+        sql = OUTCOMES_SQL.format(passed=rule_sql(rule))
+        rows = con.sql(sql, params={"run_id": run_id, "round": round_}).pl().to_dicts()
     finally:
         con.close()
-    stamp = pa.array([now()] * table.num_rows, pa.timestamp("us", tz="UTC"))
-    return lake.append("selections", table.append_column("created_at", stamp))
+    done = (
+        set(
+            lake.query(
+                "SELECT candidate_id FROM selections WHERE round = ? AND candidate_id IN "
+                "(SELECT unnest(?))",
+                [round_, [r["candidate_id"] for r in rows]],
+            )["candidate_id"]
+        )
+        if rows
+        else set()
+    )
+    if rows and len(done) == len(rows):
+        return 0  # this batch was selected already
+    kept_before = _kept_signatures(lake, round_, spec) if spec.across_prompts else None
+    decide(rows, spec, kept_before)
+    stamp = now()
+    return lake.append(
+        "selections",
+        [
+            {
+                "round": round_,
+                "candidate_id": r["candidate_id"],
+                "prompt_id": r["prompt_id"],
+                "kept": r["reason"] is None,
+                "drop_reason": r["reason"],
+                "run_id": run_id,
+                "created_at": stamp,
+            }
+            for r in rows
+        ],
+    )
+
+
+def _kept_signatures(lake: Lake, round_: int, spec: SelectSpec) -> list[tuple]:
+    from thresher.stores.minhash import signatures
+
+    kept = lake.query(
+        "SELECT c.candidate_id, c.text FROM selections s JOIN candidates c USING (candidate_id) "
+        "WHERE s.round = ? AND s.kept ORDER BY s.created_at, c.prompt_id, c.sample_idx",
+        [round_],
+    )
+    if kept.height == 0:
+        return []
+    sigs = signatures(
+        kept["text"].to_list(), spec.num_perm, spec.shingle_size, lowercase=spec.lowercase
+    )
+    return list(zip(kept["candidate_id"].to_list(), sigs, strict=True))

@@ -42,7 +42,7 @@ def test_failed_duplicates_and_cap(lake):
         },
         {"p1": [True, True, True, True, True, False], "p2": [False, False]},
     )
-    written = select_batch(lake, "r", 0, ["p1", "p2"], cap=2)
+    written = select_batch(lake, "r", 0, ["p1", "p2"], cap=2, policy="first")
     assert written == 8
     rows = {r["candidate_id"]: r for r in lake.query("SELECT * FROM selections").to_dicts()}
     assert rows["p1-0"]["kept"] and rows["p1-2"]["kept"]
@@ -55,7 +55,7 @@ def test_failed_duplicates_and_cap(lake):
     funnel = dict(lake.query("SELECT outcome, candidates FROM funnel").rows())
     assert funnel == {"kept": 2, "duplicate_of": 1, "capped": 2, "failed": 3}
     # selecting again writes nothing new
-    assert select_batch(lake, "r", 0, ["p1", "p2"], cap=2) == 0
+    assert select_batch(lake, "r", 0, ["p1", "p2"], cap=2, policy="first") == 0
 
 
 @pytest.mark.parametrize("cap", [1, 3])

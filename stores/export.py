@@ -1,0 +1,104 @@
+"""Export a round's selected data as `datasets` datasets (and JSONL) for SFT or DPO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from thresher.stores.lake import Lake
+
+KEPT_SQL = """
+SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS completion,
+       coalesce(c.hinted, false) AS hinted, p.task, p.dataset
+FROM selections s
+JOIN candidates c USING (candidate_id)
+JOIN prompts p ON p.prompt_id = c.prompt_id
+WHERE s.kept AND s.round {op} ?
+ORDER BY s.round, c.prompt_id, c.sample_idx
+"""
+
+FAILED_SQL = """
+SELECT c.candidate_id, c.prompt_id, c.text
+FROM selections s JOIN candidates c USING (candidate_id)
+WHERE s.drop_reason = 'failed' AND s.round {op} ?
+ORDER BY c.prompt_id, c.sample_idx
+"""
+
+
+class ExportError(ValueError):
+    """Nothing to export, or the destination is not usable."""
+
+
+def _messages(row: dict) -> list[dict]:
+    if row["messages"]:
+        return json.loads(row["messages"])
+    return [{"role": "user", "content": row["prompt"]}]
+
+
+def export_round(
+    lake: Lake,
+    round_: int,
+    fmt: Literal["sft", "dpo"],
+    to: str | Path,
+    all_rounds: bool = False,
+) -> int:
+    """Write round `round_`'s kept data (with `all_rounds`: rounds 0..round_) to `to`.
+
+    sft rows: messages (prompt messages + the answer as assistant), prompt, completion,
+    prompt_id, candidate_id, round, hinted. dpo rows: prompt (messages), chosen, rejected
+    (a kept and a failed candidate of the same prompt), their ids. Saved with
+    `datasets.Dataset.save_to_disk(to)` and as `to/data.jsonl`. Returns the row count.
+    """
+    import datasets
+
+    op = "<=" if all_rounds else "="
+    kept = lake.query(KEPT_SQL.format(op=op), [round_]).to_dicts()
+    if not kept:
+        raise ExportError(f"round {round_} has no kept candidates in {lake.root}")
+    if fmt == "sft":
+        rows = [
+            {
+                "messages": [*_messages(r), {"role": "assistant", "content": r["completion"]}],
+                "prompt": r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"],
+                "completion": r["completion"],
+                "prompt_id": r["prompt_id"],
+                "candidate_id": r["candidate_id"],
+                "round": r["round"],
+                "hinted": r["hinted"],
+            }
+            for r in kept
+        ]
+    elif fmt == "dpo":
+        failed: dict[str, list[dict]] = {}
+        for f in lake.query(FAILED_SQL.format(op=op), [round_]).to_dicts():
+            failed.setdefault(f["prompt_id"], []).append(f)
+        rows, used = [], {}
+        for r in kept:
+            bad = failed.get(r["prompt_id"])
+            if not bad:
+                continue
+            i = used.get(r["prompt_id"], 0)
+            used[r["prompt_id"]] = i + 1
+            rejected = bad[i % len(bad)]  # each kept answer pairs with the next failed one
+            rows.append(
+                {
+                    "prompt": _messages(r),
+                    "chosen": [{"role": "assistant", "content": r["completion"]}],
+                    "rejected": [{"role": "assistant", "content": rejected["text"]}],
+                    "prompt_id": r["prompt_id"],
+                    "chosen_id": r["candidate_id"],
+                    "rejected_id": rejected["candidate_id"],
+                    "round": r["round"],
+                }
+            )
+        if not rows:
+            raise ExportError(f"round {round_} has no prompt with both a kept and a failed answer")
+    else:
+        raise ExportError(f"format must be sft or dpo, got {fmt!r}")
+    to = Path(to)
+    datasets.Dataset.from_list(rows).save_to_disk(str(to))
+    with open(to / "data.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return len(rows)
