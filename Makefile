@@ -36,7 +36,7 @@ demo: setup $(DEMO_MODEL)/config.json
 	$(BIN)/thresher ingest examples/arithmetic/eval.jsonl --dataset arithmetic --split eval \
 		--map prompt=question --task arithmetic --lake $(DEMO_LAKE)
 	$(BIN)/thresher curate -c configs/demo.yaml --lake $(DEMO_LAKE)
-	$(BIN)/thresher sql "SELECT * FROM yield_by_round" --lake $(DEMO_LAKE)
+	$(BIN)/thresher sql "SELECT * FROM funnel" --lake $(DEMO_LAKE)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -28,7 +28,7 @@ def loaded_after(args, tmp_path):
 def test_help_and_sql_do_not_import_heavy_libraries(tmp_path, lake):
     res, loaded = loaded_after(["--help"], tmp_path)
     assert "curate" in res.stdout and loaded == []
-    for cmd in ("ingest", "sql", "curate", "tables", "verify", "tiny-model"):
+    for cmd in ("ingest", "sql", "curate", "tables", "verify", "export", "tiny-model"):
         res, loaded = loaded_after([cmd, "--help"], tmp_path)
         assert "Usage" in res.stdout and loaded == [], (cmd, loaded)
     res, loaded = loaded_after(
@@ -94,3 +94,50 @@ def test_verify_command_scores_an_external_file(tmp_path):
         ("line-2", "format"): False,
     }
     assert "math: 1/2 passed" in res.stderr and "2 malformed rows" in res.stderr
+
+
+def test_export_command(lake, tmp_path):
+    from thresher.stores.select import select_batch
+
+    lake.append(
+        "prompts",
+        [{"prompt_id": "p", "dataset": "d", "split": "train", "task": "t", "prompt": "Q?"}],
+    )
+    lake.append(
+        "candidates",
+        [
+            {
+                "candidate_id": "c",
+                "prompt_id": "p",
+                "run_id": "r",
+                "round": 0,
+                "sample_idx": 0,
+                "text": "A.",
+            }
+        ],
+    )
+    lake.append("verdicts", [{"candidate_id": "c", "verifier": "exact", "passed": True}])
+    select_batch(lake, "r", 0, ["p"], cap=1)
+    cmd = [
+        sys.executable,
+        "-m",
+        "thresher.flows.cli",
+        "export",
+        "--round",
+        "0",
+        "--to",
+        str(tmp_path / "out"),
+        "--lake",
+        str(lake.root),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "wrote 1 sft rows" in res.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 1 and "not empty" in again.stderr
+    none = subprocess.run(
+        cmd[:5] + ["3", "--to", str(tmp_path / "x"), "--lake", str(lake.root)],
+        capture_output=True,
+        text=True,
+    )
+    assert none.returncode == 1 and "no kept candidates" in none.stderr
