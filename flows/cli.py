@@ -241,6 +241,46 @@ def print_summary(s: dict) -> None:
     )
 
 
+@app.command("train")
+def train_cmd(
+    config: Annotated[
+        Path, typer.Option("--config", "-c", help="Train YAML (see configs/train-demo.yaml).")
+    ],
+    lake: LakeOption = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Fine-tune a model on a round's kept data (loss on answer tokens only).
+
+    LoRA on every linear layer by default (or full fine-tuning). Checkpoints every
+    `save_every` steps; re-running the same config resumes from the newest one. Writes a
+    merged model folder vLLM loads (and/or the adapter) under <lake>/models/.
+    """
+    from thresher.flows.config import ConfigError, TrainConfig, load_config
+
+    try:
+        cfg = load_config(config, TrainConfig)
+    except ConfigError as e:
+        fail(str(e), code=2)
+    if not Path(cfg.base_model).is_dir():
+        fail(f"model folder {cfg.base_model!r} does not exist")
+    from thresher.flows.train import run_train
+    from thresher.stores.lake import Lake
+
+    try:
+        s = run_train(cfg, Lake(lake or cfg.lake).root, progress=progress)
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(
+        f"\ntrained {s['steps']} steps on {s['examples']} examples ({s['rows']} rows"
+        + (f", skipped {s['skipped']}" if s["skipped"] else "")
+        + f"): loss {s['final_loss']:.4f}"
+        + (f", eval loss {s['eval_loss']:.4f}" if s["eval_loss"] is not None else "")
+        + f", {s['tokens_per_s']:.0f} tokens/s"
+        + (f" (resumed from step {s['resumed_from']})" if s["resumed_from"] else "")
+        + f"\n  model: {s['model_dir'] or s['adapter_dir']}"
+    )
+
+
 class ExportFormat(StrEnum):
     sft = "sft"
     dpo = "dpo"

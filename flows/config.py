@@ -172,12 +172,60 @@ class CurateConfig(_Strict):
         return f"{self.model}+lora:{self.lora}" if self.lora else self.model
 
 
+class TrainDataConfig(_Strict):
+    """What to train on: a round's kept data in the lake, or a dataset on disk."""
+
+    round: int | None = Field(0, ge=0, description="kept candidates of this round")
+    all_rounds: bool = Field(True, description="rounds 0..round together (STaR default)")
+    path: str | None = Field(
+        None, description="instead: a datasets folder or JSONL (messages or prompt+completion)"
+    )
+
+
+class LoraConfig(_Strict):
+    r: int = Field(64, ge=1)
+    alpha: int = Field(128, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+
+
+class TrainConfig(_Strict):
+    """A training run: SFT of `base_model` on selected data, loss on answer tokens only."""
+
+    name: str
+    base_model: str = Field(description="local model folder")
+    round: int = Field(0, ge=0, description="the round whose data trains model round+1")
+    lake: str | None = None
+    data: TrainDataConfig = Field(default_factory=TrainDataConfig)
+    out: str | None = Field(None, description="default: <lake>/models/<name>/round-<round+1>")
+    init: Literal["base", "previous"] = Field(
+        "base", description="start from base_model, or continue from round's model"
+    )
+    method: Literal["lora", "full"] = "lora"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    learning_rate: float | None = Field(None, gt=0, description="default 2e-4 LoRA, 2e-5 full")
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    warmup_ratio: float = Field(0.03, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    max_len: int = Field(1024, ge=8)
+    eval_fraction: float = Field(0.05, ge=0, lt=1)
+    eval_every: int = Field(50, ge=1)
+    save_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    log_every: int = Field(10, ge=1)
+    seed: int = 0
+    output: Literal["merged", "adapter", "both"] = "merged"
+
+
 class ConfigError(ValueError):
     """A config file that cannot be read or does not validate."""
 
 
-def load_config(path: str | Path) -> CurateConfig:
-    """Read and validate a curate YAML config."""
+def load_config(path: str | Path, kind: type[BaseModel] | None = None):
+    """Read and validate a pipeline YAML config (curate by default)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -188,7 +236,7 @@ def load_config(path: str | Path) -> CurateConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
     try:
-        return CurateConfig(**data)
+        return (kind or CurateConfig)(**data)
     except ValidationError as e:
         lines = [f"{path}: invalid config"]
         for err in e.errors():

@@ -36,6 +36,23 @@ def _messages(row: dict) -> list[dict]:
     return [{"role": "user", "content": row["prompt"]}]
 
 
+def sft_rows(lake: Lake, round_: int, all_rounds: bool = False) -> list[dict]:
+    """SFT rows (messages, prompt, completion, ids) of a round's kept candidates."""
+    kept = lake.query(KEPT_SQL.format(op="<=" if all_rounds else "="), [round_]).to_dicts()
+    return [
+        {
+            "messages": [*_messages(r), {"role": "assistant", "content": r["completion"]}],
+            "prompt": r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"],
+            "completion": r["completion"],
+            "prompt_id": r["prompt_id"],
+            "candidate_id": r["candidate_id"],
+            "round": r["round"],
+            "hinted": r["hinted"],
+        }
+        for r in kept
+    ]
+
+
 def export_round(
     lake: Lake,
     round_: int,
@@ -57,18 +74,7 @@ def export_round(
     if not kept:
         raise ExportError(f"round {round_} has no kept candidates in {lake.root}")
     if fmt == "sft":
-        rows = [
-            {
-                "messages": [*_messages(r), {"role": "assistant", "content": r["completion"]}],
-                "prompt": r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"],
-                "completion": r["completion"],
-                "prompt_id": r["prompt_id"],
-                "candidate_id": r["candidate_id"],
-                "round": r["round"],
-                "hinted": r["hinted"],
-            }
-            for r in kept
-        ]
+        rows = sft_rows(lake, round_, all_rounds)
     elif fmt == "dpo":
         failed: dict[str, list[dict]] = {}
         for f in lake.query(FAILED_SQL.format(op=op), [round_]).to_dicts():

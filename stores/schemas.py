@@ -87,6 +87,19 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
         ]
     ),
+    "train_metrics": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("step", pa.int64()),
+            ("epoch", pa.float64()),
+            ("loss", pa.float64()),
+            ("eval_loss", pa.float64()),
+            ("lr", pa.float64()),
+            ("tokens", pa.int64()),
+            ("tokens_per_s", pa.float64()),
+            ("created_at", TS),
+        ]
+    ),
     "evals": pa.schema(
         [
             ("round", pa.int64()),
@@ -108,6 +121,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "candidates": ("candidate_id",),
     "verdicts": ("candidate_id", "verifier"),
     "selections": ("round", "candidate_id"),
+    "train_metrics": ("run_id", "step"),
     "evals": (),
 }
 

@@ -1,0 +1,126 @@
+"""The train flow: fine-tune on a round's selected data and write the next round's model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from thresher.flows.config import TrainConfig
+from thresher.ids import content_id
+from thresher.stores.lake import Lake, now
+
+
+def model_dir_for(lake: Lake, name: str, round_: int) -> Path:
+    """Where round `round_`'s model of pipeline `name` lives."""
+    return lake.root / "models" / name / f"round-{round_}"
+
+
+def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
+    """The SFT rows the config names."""
+    import json
+
+    d = cfg.data
+    if d.path:
+        path = Path(d.path)
+        if path.is_dir():
+            import datasets
+
+            return datasets.load_from_disk(str(path)).to_list()
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from thresher.stores.export import sft_rows
+
+    return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds)
+
+
+@flow(name="train")
+def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+    """Train model round+1 from the config; resumes from the newest checkpoint."""
+    from thresher.stores.runs import record_run
+    from thresher.trainers.sft import TrainSpec, train
+
+    cfg = TrainConfig(**config)
+    lake = Lake(lake_root)
+    run_id = content_id("train", cfg.model_dump(exclude={"lake"}))
+    out = Path(cfg.out) if cfg.out else model_dir_for(lake, cfg.name, cfg.round + 1)
+    base = cfg.base_model
+    if cfg.init == "previous" and cfg.round > 0:
+        base = str(model_dir_for(lake, cfg.name, cfg.round) / "model")
+        if not Path(base).is_dir():
+            raise FileNotFoundError(f"no model of round {cfg.round} at {base} to continue from")
+    started = now()
+    run = dict(flow="train", round_=cfg.round + 1, model=str(out), config=config)
+    record_run(lake, run_id, status="running", started_at=started, **run)
+    try:
+        rows = load_rows(cfg, lake)
+        if not rows:
+            raise ValueError("no training rows: the round kept nothing (see the funnel view)")
+        spec = TrainSpec(
+            base_model=base,
+            method=cfg.method,
+            lora_r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            learning_rate=cfg.learning_rate,
+            epochs=cfg.epochs,
+            max_steps=cfg.max_steps,
+            batch_size=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            warmup_ratio=cfg.warmup_ratio,
+            weight_decay=cfg.weight_decay,
+            max_len=cfg.max_len,
+            eval_fraction=cfg.eval_fraction,
+            eval_every=cfg.eval_every,
+            save_every=cfg.save_every,
+            keep_checkpoints=cfg.keep_checkpoints,
+            log_every=cfg.log_every,
+            seed=cfg.seed,
+            output=cfg.output,
+        )
+
+        def on_metrics(rows_: list[dict]) -> None:
+            stamp = now()
+            lake.append(
+                "train_metrics", [{**r, "run_id": run_id, "created_at": stamp} for r in rows_]
+            )
+
+        result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
+        summary = {
+            "run_id": run_id,
+            "rows": len(rows),
+            "examples": result.examples,
+            "skipped": result.skipped,
+            "steps": result.steps,
+            "final_loss": result.final_loss,
+            "eval_loss": result.eval_loss,
+            "tokens_per_s": round(result.tokens_per_s, 1),
+            "model_dir": str(result.model_dir) if result.model_dir else None,
+            "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
+            "resumed_from": result.resumed_from,
+            "base_model": base,
+        }
+    except BaseException as e:
+        record_run(
+            lake,
+            run_id,
+            status="failed",
+            started_at=started,
+            summary={"error": f"{type(e).__name__}: {e}"},
+            finished=True,
+            **run,
+        )
+        raise
+    record_run(
+        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
+    )
+    return summary
+
+
+def run_train(cfg: TrainConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run the train flow for a validated config."""
+    from thresher.flows.curate import quiet_task_logs
+
+    quiet_task_logs()
+    return train_flow(cfg.model_dump(), str(lake_root), progress)

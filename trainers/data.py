@@ -1,0 +1,111 @@
+"""SFT examples: chat template applied, loss only on the answer tokens."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+IGNORE = -100
+
+
+@dataclass
+class BuildReport:
+    """What building examples did: rows in, examples out, and why rows were skipped."""
+
+    rows: int = 0
+    examples: int = 0
+    truncated: int = 0
+    skipped: Counter = field(default_factory=Counter)
+
+
+def _split_row(row: dict[str, Any]) -> tuple[list[dict] | None, str | None, str]:
+    """(prompt messages or None, plain prompt or None, answer) of one SFT row."""
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        messages = json.loads(messages)
+    if messages:
+        if messages[-1].get("role") != "assistant":
+            raise ValueError("the last message must be the assistant's answer")
+        return messages[:-1], None, messages[-1]["content"]
+    if row.get("prompt") is None or row.get("completion") is None:
+        raise ValueError("a row needs messages, or prompt and completion")
+    return None, row["prompt"], row["completion"]
+
+
+def encode(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) exactly as sampling sees them, the answer ending in EOS."""
+    prompt_msgs, prompt, answer = _split_row(row)
+    if prompt_msgs is not None:
+        prompt_text = tokenizer.apply_chat_template(
+            prompt_msgs, tokenize=False, add_generation_prompt=True
+        )
+        full_text = tokenizer.apply_chat_template(
+            [*prompt_msgs, {"role": "assistant", "content": answer}], tokenize=False
+        )
+        if full_text.startswith(prompt_text):
+            answer_text = full_text[len(prompt_text) :]
+        else:  # templates that rewrite earlier turns: fall back to the raw answer
+            answer_text = answer
+        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    else:
+        answer_text = answer
+        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not answer_ids or answer_ids[-1] != eos):
+        answer_ids = [*answer_ids, eos]
+    return prompt_ids, answer_ids
+
+
+def build_examples(
+    rows: list[dict[str, Any]], tokenizer, max_len: int
+) -> tuple[list[dict[str, list[int]]], BuildReport]:
+    """input_ids and labels (-100 on prompt tokens) for each row that keeps an answer.
+
+    Longer rows keep their whole prompt and lose the end of the answer; a row whose
+    prompt alone fills `max_len` is skipped and counted, never trained on.
+    """
+    report = BuildReport(rows=len(rows))
+    out = []
+    for row in rows:
+        try:
+            prompt_ids, answer_ids = encode(row, tokenizer)
+        except (ValueError, KeyError, TypeError) as e:
+            report.skipped[f"malformed: {e}"] += 1
+            continue
+        if not answer_ids:
+            report.skipped["empty answer"] += 1
+            continue
+        if len(prompt_ids) >= max_len:
+            report.skipped["prompt fills max_len"] += 1
+            continue
+        room = max_len - len(prompt_ids)
+        if len(answer_ids) > room:
+            answer_ids = answer_ids[:room]
+            report.truncated += 1
+        out.append(
+            {
+                "input_ids": prompt_ids + answer_ids,
+                "labels": [IGNORE] * len(prompt_ids) + answer_ids,
+            }
+        )
+    report.examples = len(out)
+    return out, report
+
+
+def collate(batch: list[dict[str, list[int]]], pad_id: int):
+    """Right-padded tensors: input_ids, attention_mask, labels (-100 on padding)."""
+    import torch
+
+    width = max(len(b["input_ids"]) for b in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, b in enumerate(batch):
+        n = len(b["input_ids"])
+        ids[i, :n] = torch.tensor(b["input_ids"])
+        labels[i, :n] = torch.tensor(b["labels"])
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

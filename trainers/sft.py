@@ -1,0 +1,322 @@
+"""Supervised fine-tuning on selected data: LoRA on every linear layer, or full fine-tuning.
+
+A plain torch loop (so resuming is exact): seeded data order per epoch, gradient
+accumulation, warmup + cosine schedule, evaluation loss on a held-out slice, a
+checkpoint every N optimizer steps (the last few kept, each written whole then renamed),
+and resume from the newest checkpoint. The result is a merged model folder that vLLM
+loads and/or the LoRA adapter folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from thresher.trainers.data import build_examples, collate
+
+
+@dataclass
+class TrainSpec:
+    """Training settings (see flows.config.TrainConfig for the documented YAML)."""
+
+    base_model: str
+    method: Literal["lora", "full"] = "lora"
+    lora_r: int = 64
+    lora_alpha: int = 128
+    lora_dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+    learning_rate: float | None = None  # None: 2e-4 for LoRA, 2e-5 for full
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 8
+    grad_accum: int = 1
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_len: int = 1024
+    eval_fraction: float = 0.05
+    eval_every: int = 50
+    save_every: int = 50
+    keep_checkpoints: int = 3
+    log_every: int = 1
+    seed: int = 0
+    output: Literal["merged", "adapter", "both"] = "merged"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lr(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return 2e-4 if self.method == "lora" else 2e-5
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float | None
+    eval_loss: float | None
+    tokens: int
+    tokens_per_s: float
+    model_dir: Path | None
+    adapter_dir: Path | None
+    examples: int
+    skipped: dict[str, int]
+    resumed_from: int
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    folder = out / "checkpoints"
+    if not folder.exists():
+        return []
+    found = [
+        p for p in folder.iterdir() if p.name.startswith("step-") and (p / "state.json").exists()
+    ]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def load_model(spec: TrainSpec):
+    """The model to train: base weights, fp32 on CPU, bf16 + gradient checkpointing on GPU,
+    wrapped with LoRA when asked."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cuda = torch.cuda.is_available()
+    tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        spec.base_model, dtype=torch.bfloat16 if cuda else torch.float32
+    )
+    if cuda:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        model.to("cuda")
+    if spec.method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        if cuda:
+            model.enable_input_require_grads()
+        config = LoraConfig(
+            r=spec.lora_r,
+            lora_alpha=spec.lora_alpha,
+            lora_dropout=spec.lora_dropout,
+            target_modules=spec.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, config)
+    return model, tokenizer
+
+
+def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    order = list(range(n))
+    random.Random(seed * 1000003 + epoch).shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def train(
+    spec: TrainSpec,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path,
+    on_metrics: Callable[[list[dict]], None] | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Fine-tune on SFT rows (messages, or prompt + completion); resumes from out_dir."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(spec.seed)
+    torch.manual_seed(spec.seed)
+    model, tokenizer = load_model(spec)
+    device = next(model.parameters()).device
+
+    examples, report = build_examples(rows, tokenizer, spec.max_len)
+    if report.skipped:
+        _log(f"skipped {sum(report.skipped.values())} rows: {dict(report.skipped)}")
+    if not examples:
+        raise ValueError("no trainable rows: every row was skipped (see the counts above)")
+    shuffled = list(range(len(examples)))
+    random.Random(spec.seed).shuffle(shuffled)
+    n_eval = int(len(examples) * spec.eval_fraction) if len(examples) >= 20 else 0
+    eval_set = [examples[i] for i in shuffled[:n_eval]]
+    train_set = [examples[i] for i in shuffled[n_eval:]]
+
+    per_epoch = math.ceil(math.ceil(len(train_set) / spec.batch_size) / spec.grad_accum)
+    total = spec.max_steps or max(1, math.ceil(per_epoch * spec.epochs))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, int(total * spec.warmup_ratio), total)
+
+    step, resumed_from = 0, 0
+    ckpts = _checkpoints(out)
+    if ckpts:
+        step = resumed_from = _load_checkpoint(ckpts[-1], model, opt, sched, spec)
+        _log(f"resuming from {ckpts[-1]} (step {step} of {total})")
+
+    pad = tokenizer.pad_token_id
+    tokens_done, last_loss, last_eval = 0, None, None
+    start = time.perf_counter()
+    bar = tqdm(total=total, initial=step, unit="step", desc="train", disable=not progress)
+    model.train()
+    while step < total:
+        epoch = step // per_epoch
+        micro = _batches(len(train_set), spec.batch_size, spec.seed, epoch)
+        first = (step % per_epoch) * spec.grad_accum  # micro-batches this epoch already done
+        for i in range(first, len(micro), spec.grad_accum):
+            group = micro[i : i + spec.grad_accum]
+            n_tokens = sum(
+                sum(1 for t in train_set[j]["labels"] if t != -100) for g in group for j in g
+            )
+            loss_sum = 0.0
+            for g in group:
+                batch = {
+                    k: v.to(device) for k, v in collate([train_set[j] for j in g], pad).items()
+                }
+                # weight each micro-batch by its answer tokens: a token-level mean overall
+                n = int((batch["labels"] != -100).sum())
+                loss = model(**batch).loss * (n / max(n_tokens, 1))
+                loss.backward()
+                loss_sum += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens_done += sum(len(train_set[j]["input_ids"]) for g in group for j in g)
+            last_loss = loss_sum
+            elapsed = time.perf_counter() - start
+            row = {
+                "step": step,
+                "epoch": step / per_epoch,
+                "loss": loss_sum,
+                "lr": sched.get_last_lr()[0],
+                "tokens": tokens_done,
+                "tokens_per_s": tokens_done / elapsed if elapsed else 0.0,
+                "eval_loss": None,
+            }
+            if eval_set and (step % spec.eval_every == 0 or step == total):
+                row["eval_loss"] = last_eval = evaluate(model, eval_set, pad, spec.batch_size)
+            if on_metrics and (step % spec.log_every == 0 or step == total or row["eval_loss"]):
+                on_metrics([row])
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            if step % spec.save_every == 0 or step == total:
+                _save_checkpoint(out, step, model, opt, sched, spec)
+            if step >= total:
+                break
+    bar.close()
+    elapsed = time.perf_counter() - start
+    model_dir, adapter_dir = _export(model, tokenizer, out, spec)
+    result = TrainResult(
+        steps=step,
+        final_loss=last_loss,
+        eval_loss=last_eval,
+        tokens=tokens_done,
+        tokens_per_s=tokens_done / elapsed if elapsed else 0.0,
+        model_dir=model_dir,
+        adapter_dir=adapter_dir,
+        examples=len(examples),
+        skipped=dict(report.skipped),
+        resumed_from=resumed_from,
+    )
+    lineage = {
+        "spec": asdict(spec),
+        "result": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
+    }
+    (out / "thresher_train.json").write_text(json.dumps(lineage, indent=2, default=str))
+    return result
+
+
+def evaluate(model, eval_set: list[dict], pad: int, batch_size: int) -> float:
+    """Token-level mean loss on the held-out slice."""
+    import torch
+
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        for i in range(0, len(eval_set), batch_size):
+            batch = {k: v.to(device) for k, v in collate(eval_set[i : i + batch_size], pad).items()}
+            n = int((batch["labels"][:, 1:] != -100).sum())
+            total += float(model(**batch).loss) * n
+            count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def _trainable_state(model, spec: TrainSpec) -> dict:
+    if spec.method == "lora":
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(model)
+    return model.state_dict()
+
+
+def _save_checkpoint(out: Path, step: int, model, opt, sched, spec: TrainSpec) -> None:
+    import torch
+
+    folder = out / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(_trainable_state(model, spec), tmp / "weights.pt")
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "time": time.time()}))
+    final = folder / f"step-{step}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in _checkpoints(out)[: -spec.keep_checkpoints]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(path: Path, model, opt, sched, spec: TrainSpec) -> int:
+    import torch
+
+    weights = torch.load(path / "weights.pt", map_location="cpu")
+    if spec.method == "lora":
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, weights)
+    else:
+        model.load_state_dict(weights)
+    state = torch.load(path / "optim.pt", map_location="cpu")
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    return json.loads((path / "state.json").read_text())["step"]
+
+
+def _export(model, tokenizer, out: Path, spec: TrainSpec) -> tuple[Path | None, Path | None]:
+    """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints."""
+    import torch
+
+    model_dir = adapter_dir = None
+    if spec.method == "lora" and spec.output in ("adapter", "both"):
+        adapter_dir = out / "adapter"
+        model.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
+    if spec.output in ("merged", "both") or spec.method == "full":
+        merged = model.merge_and_unload() if spec.method == "lora" else model
+        merged = merged.to(torch.float32) if not torch.cuda.is_available() else merged
+        model_dir = out / "model"
+        tmp = out / ".model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(model_dir, ignore_errors=True)
+        os.replace(tmp, model_dir)
+    return model_dir, adapter_dir
