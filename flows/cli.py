@@ -241,6 +241,64 @@ def print_summary(s: dict) -> None:
     )
 
 
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[str, typer.Option("--model", "-m", help="Local model folder.")],
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset of the prompts.")],
+    split: Annotated[Split, typer.Option(help="Held-out prompts by default.")] = Split.eval,
+    k: Annotated[
+        list[int] | None, typer.Option("-k", help="pass@k to report (repeatable; default 1 and 8).")
+    ] = None,
+    n: Annotated[int, typer.Option(help="Samples per prompt (at least the largest k).")] = 8,
+    verifier: Annotated[
+        list[str] | None,
+        typer.Option("--verifier", "-v", help="Verifier(s) that decide a pass (default: math)."),
+    ] = None,
+    temperature: float = 0.7,
+    max_tokens: int = 512,
+    round_: Annotated[int, typer.Option("--round", help="Round this model belongs to.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="At most this many prompts.")] = None,
+    dtype: Annotated[str, typer.Option(help="Engine dtype.")] = "auto",
+    lake: LakeOption = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Measure pass@k of a model on held-out prompts (unbiased estimator, Chen et al. 2021).
+
+    Samples n answers per prompt, verifies them, and writes pass@k per task and overall
+    to the `evals` table. Re-running the same evaluation samples nothing new.
+    """
+    from pydantic import ValidationError
+
+    from thresher.flows.config import EvalConfig
+
+    try:
+        cfg = EvalConfig(
+            model=model,
+            round=round_,
+            n=n,
+            ks=k or [1, 8],
+            prompts={"dataset": dataset, "split": split.value, "limit": limit},
+            sampling={"k": 1, "temperature": temperature, "max_tokens": max_tokens},
+            engine={"dtype": dtype},
+            verify={"verifiers": verifier or ["math"]},
+        )
+    except (ValidationError, ValueError) as e:
+        fail(str(e), code=2)
+    if not Path(model).is_dir():
+        fail(f"model folder {model!r} does not exist")
+    from thresher.flows.curate import NothingToCurate
+    from thresher.flows.evaluate import run_eval
+    from thresher.stores.lake import Lake
+
+    try:
+        s = run_eval(cfg, Lake(lake).root, progress=progress)
+    except NothingToCurate as e:
+        fail(str(e))
+    typer.echo(f"\n{s['prompts']} prompts x {s['samples']} samples (round {s['round']}):")
+    for m in s["metrics"]:
+        typer.echo(f"  {m['task']:<16} {m['metric']:<8} {m['value']:.4f}")
+
+
 @app.command("train")
 def train_cmd(
     config: Annotated[

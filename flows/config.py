@@ -220,6 +220,47 @@ class TrainConfig(_Strict):
     output: Literal["merged", "adapter", "both"] = "merged"
 
 
+class EvalConfig(_Strict):
+    """Held-out evaluation: n samples per prompt, verified, summarised as pass@k."""
+
+    name: str = "eval"
+    model: str
+    lora: str | None = None
+    round: int = Field(0, ge=0, description="the round this model belongs to")
+    lake: str | None = None
+    batch_size: int = Field(256, ge=1)
+    prompts: PromptsConfig
+    n: int = Field(8, ge=1, description="samples per prompt")
+    ks: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    verify: VerifyConfig = Field(default_factory=lambda: VerifyConfig(verifiers=["math"]))
+
+    @model_validator(mode="after")
+    def _ks_fit(self) -> EvalConfig:
+        if max(self.ks) > self.n:
+            raise ValueError(f"pass@{max(self.ks)} needs n >= {max(self.ks)} samples per prompt")
+        return self
+
+    def as_curate(self) -> CurateConfig:
+        """The sampling and verifying part, as a curate config (nothing is selected)."""
+        sampling = self.sampling.model_copy(update={"k": self.n})
+        if self.n > 1 and sampling.temperature == 0:
+            raise ValueError("n > 1 samples need a temperature above 0")
+        return CurateConfig(
+            name=f"eval:{self.name}",
+            model=self.model,
+            lora=self.lora,
+            round=self.round,
+            lake=self.lake,
+            batch_size=self.batch_size,
+            prompts=self.prompts,
+            sampling=sampling,
+            engine=self.engine,
+            verify=self.verify,
+        )
+
+
 class ConfigError(ValueError):
     """A config file that cannot be read or does not validate."""
 

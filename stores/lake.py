@@ -61,8 +61,8 @@ DERIVED_VIEWS = {
                count(*) FILTER (WHERE s.kept) AS kept,
                count(DISTINCT o.prompt_id) FILTER (WHERE s.kept) AS prompts_with_kept
         FROM candidate_outcomes o
-        LEFT JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = o.round
-        GROUP BY o.round ORDER BY o.round""",
+        JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = o.round
+        GROUP BY o.round ORDER BY o.round""",  # curated candidates: evaluation runs select none
 }
 
 

@@ -105,8 +105,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("round", pa.int64()),
             ("model", pa.string()),
             ("split", pa.string()),
-            ("metric", pa.string()),
+            ("task", pa.string()),  # a task name, or "all"
+            ("metric", pa.string()),  # pass@k
             ("value", pa.float64()),
+            ("prompts", pa.int64()),
+            ("samples", pa.int64()),  # samples per prompt (n)
             ("run_id", pa.string()),
             ("created_at", TS),
         ]
@@ -122,7 +125,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "verdicts": ("candidate_id", "verifier"),
     "selections": ("round", "candidate_id"),
     "train_metrics": ("run_id", "step"),
-    "evals": (),
+    "evals": ("run_id", "task", "metric"),
 }
 
 TABLES = tuple(SCHEMAS)

@@ -28,7 +28,17 @@ def loaded_after(args, tmp_path):
 def test_help_and_sql_do_not_import_heavy_libraries(tmp_path, lake):
     res, loaded = loaded_after(["--help"], tmp_path)
     assert "curate" in res.stdout and loaded == []
-    for cmd in ("ingest", "sql", "curate", "tables", "verify", "export", "tiny-model"):
+    for cmd in (
+        "ingest",
+        "sql",
+        "curate",
+        "eval",
+        "train",
+        "tables",
+        "verify",
+        "export",
+        "tiny-model",
+    ):
         res, loaded = loaded_after([cmd, "--help"], tmp_path)
         assert "Usage" in res.stdout and loaded == [], (cmd, loaded)
     res, loaded = loaded_after(

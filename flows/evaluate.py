@@ -1,0 +1,94 @@
+"""The eval flow: sample held-out prompts n times, verify, and record pass@k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from thresher.flows.config import EvalConfig
+from thresher.stores.lake import Lake, now
+
+
+@flow(name="evaluate")
+def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+    """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
+    from tqdm.auto import tqdm
+
+    from thresher.flows.curate import NothingToCurate, run_id_for, sample_batch, verify_batch
+    from thresher.stores.passk import pass_at_ks, pass_counts
+    from thresher.stores.queries import load_prompts
+    from thresher.stores.runs import record_run
+
+    cfg = EvalConfig(**config)
+    cur = cfg.as_curate()
+    lake = Lake(lake_root)
+    run_id = run_id_for(cur)
+    started = now()
+    run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
+    record_run(lake, run_id, status="running", started_at=started, **run)
+    try:
+        p = cfg.prompts
+        prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
+        if prompts.height == 0:
+            raise NothingToCurate(f"no prompts for dataset={p.dataset!r} split={p.split!r}")
+        rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
+        size = cfg.batch_size
+        with tqdm(total=len(rows), unit="prompt", desc="eval", disable=not progress) as bar:
+            for i in range(0, len(rows), size):
+                batch = rows[i : i + size]
+                sample_batch(lake_root, cur, run_id, batch)
+                verify_batch(lake_root, cur, run_id, [r["prompt_id"] for r in batch])
+                bar.update(len(batch))
+        metrics = pass_at_ks(pass_counts(lake, run_id, cfg.verify.rule), cfg.ks)
+        stamp = now()
+        lake.append(
+            "evals",
+            [
+                {
+                    "round": cfg.round,
+                    "model": cur.model_id,
+                    "split": p.split,
+                    "samples": cfg.n,
+                    "run_id": run_id,
+                    "created_at": stamp,
+                    **m,
+                }
+                for m in metrics
+            ],
+        )
+        summary = {
+            "run_id": run_id,
+            "round": cfg.round,
+            "prompts": prompts.height,
+            "samples": cfg.n,
+            "metrics": metrics,
+        }
+    except BaseException as e:
+        record_run(
+            lake,
+            run_id,
+            status="failed",
+            started_at=started,
+            summary={"error": f"{type(e).__name__}: {e}"},
+            finished=True,
+            **run,
+        )
+        raise
+    record_run(
+        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
+    )
+    return summary
+
+
+def run_eval(cfg: EvalConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run the eval flow, then stop the engine it started."""
+    from thresher.flows.curate import quiet_task_logs
+    from thresher.samplers.vllm_offline import shutdown_engine
+
+    quiet_task_logs()
+    try:
+        return eval_flow(cfg.model_dump(), str(lake_root), progress)
+    finally:
+        shutdown_engine()

@@ -1,0 +1,53 @@
+"""pass@k: the unbiased estimator of Chen et al. (2021), computed stably."""
+
+from __future__ import annotations
+
+from thresher.stores.lake import Lake
+from thresher.stores.rules import rule_sql
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k samples drawn from n passes), given c of the n passed.
+
+    1 - C(n-c, k) / C(n, k), as a running product so large n never overflows.
+    """
+    if not 0 <= c <= n or k < 1:
+        raise ValueError(f"need 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
+    if k > n:
+        raise ValueError(f"k={k} is more than the n={n} samples per prompt")
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def pass_counts(lake: Lake, run_id: str, rule: str | None = None):
+    """Per prompt of a run: task, n candidates and c passing (by `rule`)."""
+    return lake.query(
+        f"""WITH per_candidate AS (
+                SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
+                FROM candidates c LEFT JOIN verdicts v ON v.candidate_id = c.candidate_id
+                WHERE c.run_id = ? GROUP BY ALL)
+            SELECT p.prompt_id, p.task, count(*) AS n, count(*) FILTER (WHERE passed) AS c
+            FROM per_candidate JOIN prompts p USING (prompt_id)
+            GROUP BY ALL ORDER BY p.prompt_id""",
+        [run_id],
+    )
+
+
+def pass_at_ks(counts, ks: list[int]) -> list[dict]:
+    """Mean pass@k over prompts, per task and overall ("all")."""
+    rows = counts.to_dicts()
+    out = []
+    for task in ["all", *sorted({r["task"] for r in rows})]:
+        part = [r for r in rows if task == "all" or r["task"] == task]
+        for k in ks:
+            usable = [r for r in part if r["n"] >= k]
+            if usable:
+                value = sum(pass_at_k(r["n"], r["c"], k) for r in usable) / len(usable)
+                out.append(
+                    {"task": task, "metric": f"pass@{k}", "value": value, "prompts": len(usable)}
+                )
+    return out
