@@ -188,15 +188,13 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     from tqdm.auto import tqdm
 
     from thresher.stores.queries import load_prompts, run_summary
-    from thresher.stores.runs import record_run
+    from thresher.stores.runs import tracked_run
 
     cfg = CurateConfig(**config)
     lake = Lake(lake_root)
     run_id = run_id_for(cfg)
-    started = now()
     run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
-    record_run(lake, run_id, status="running", started_at=started, **run)
-    try:
+    with tracked_run(lake, run_id, **run) as summary:
         p = cfg.prompts
         prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
         if prompts.height == 0:
@@ -220,22 +218,8 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
                 bar.update(len(batch))
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")
-        summary = {"run_id": run_id, "round": cfg.round, **run_summary(lake, run_id, cfg.round)}
+        summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, run_id, cfg.round))
         summary["sampled_now"] = sampled
-    except BaseException as e:
-        record_run(
-            lake,
-            run_id,
-            status="failed",
-            started_at=started,
-            summary={"error": f"{type(e).__name__}: {e}"},
-            finished=True,
-            **run,
-        )
-        raise
-    record_run(
-        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
-    )
     return summary
 
 

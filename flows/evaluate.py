@@ -19,16 +19,14 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     from thresher.flows.curate import NothingToCurate, run_id_for, sample_batch, verify_batch
     from thresher.stores.passk import pass_at_ks, pass_counts
     from thresher.stores.queries import load_prompts
-    from thresher.stores.runs import record_run
+    from thresher.stores.runs import tracked_run
 
     cfg = EvalConfig(**config)
     cur = cfg.as_curate()
     lake = Lake(lake_root)
     run_id = run_id_for(cur)
-    started = now()
     run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
-    record_run(lake, run_id, status="running", started_at=started, **run)
-    try:
+    with tracked_run(lake, run_id, **run) as summary:
         p = cfg.prompts
         prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
         if prompts.height == 0:
@@ -58,27 +56,9 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
                 for m in metrics
             ],
         )
-        summary = {
-            "run_id": run_id,
-            "round": cfg.round,
-            "prompts": prompts.height,
-            "samples": cfg.n,
-            "metrics": metrics,
-        }
-    except BaseException as e:
-        record_run(
-            lake,
-            run_id,
-            status="failed",
-            started_at=started,
-            summary={"error": f"{type(e).__name__}: {e}"},
-            finished=True,
-            **run,
+        summary.update(
+            run_id=run_id, round=cfg.round, prompts=prompts.height, samples=cfg.n, metrics=metrics
         )
-        raise
-    record_run(
-        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
-    )
     return summary
 
 

@@ -37,7 +37,7 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
 @flow(name="train")
 def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Train model round+1 from the config; resumes from the newest checkpoint."""
-    from thresher.stores.runs import record_run
+    from thresher.stores.runs import tracked_run
     from thresher.trainers.sft import TrainSpec, train
 
     cfg = TrainConfig(**config)
@@ -49,10 +49,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
         base = str(model_dir_for(lake, cfg.name, cfg.round) / "model")
         if not Path(base).is_dir():
             raise FileNotFoundError(f"no model of round {cfg.round} at {base} to continue from")
-    started = now()
     run = dict(flow="train", round_=cfg.round + 1, model=str(out), config=config)
-    record_run(lake, run_id, status="running", started_at=started, **run)
-    try:
+    with tracked_run(lake, run_id, **run) as summary:
         rows = load_rows(cfg, lake)
         if not rows:
             raise ValueError("no training rows: the round kept nothing (see the funnel view)")
@@ -87,34 +85,22 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
             )
 
         result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
-        summary = {
-            "run_id": run_id,
-            "rows": len(rows),
-            "examples": result.examples,
-            "skipped": result.skipped,
-            "steps": result.steps,
-            "final_loss": result.final_loss,
-            "eval_loss": result.eval_loss,
-            "tokens_per_s": round(result.tokens_per_s, 1),
-            "model_dir": str(result.model_dir) if result.model_dir else None,
-            "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
-            "resumed_from": result.resumed_from,
-            "base_model": base,
-        }
-    except BaseException as e:
-        record_run(
-            lake,
-            run_id,
-            status="failed",
-            started_at=started,
-            summary={"error": f"{type(e).__name__}: {e}"},
-            finished=True,
-            **run,
+        summary.update(
+            {
+                "run_id": run_id,
+                "rows": len(rows),
+                "examples": result.examples,
+                "skipped": result.skipped,
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "eval_loss": result.eval_loss,
+                "tokens_per_s": round(result.tokens_per_s, 1),
+                "model_dir": str(result.model_dir) if result.model_dir else None,
+                "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
+                "resumed_from": result.resumed_from,
+                "base_model": base,
+            }
         )
-        raise
-    record_run(
-        lake, run_id, status="completed", started_at=started, summary=summary, finished=True, **run
-    )
     return summary
 
 

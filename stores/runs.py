@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -41,3 +43,22 @@ def record_run(
             }
         ],
     )
+
+
+@contextmanager
+def tracked_run(
+    lake: Lake, run_id: str, *, flow: str, round_: int, model: str, config: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """Record a run as running, then completed with the summary the body puts in the
+    yielded dict, or failed with the error that escaped it."""
+    started = now()
+    run = dict(flow=flow, round_=round_, model=model, config=config, started_at=started)
+    record_run(lake, run_id, status="running", **run)
+    summary: dict[str, Any] = {}
+    try:
+        yield summary
+    except BaseException as e:
+        error = {"error": f"{type(e).__name__}: {e}"}
+        record_run(lake, run_id, status="failed", summary=error, finished=True, **run)
+        raise
+    record_run(lake, run_id, status="completed", summary=summary, finished=True, **run)
