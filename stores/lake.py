@@ -88,12 +88,16 @@ class Lake:
             self.init()
 
     def init(self) -> None:
-        """Create the table folders, each with an empty file carrying its schema."""
+        """Create the table folders, each with an empty file carrying its schema.
+
+        A lake written by an older thresher gets the current schema file, so columns
+        added since read as NULL in the old files (the views union columns by name).
+        """
         for table in TABLES:
             folder = self.root / table
             folder.mkdir(parents=True, exist_ok=True)
             marker = folder / "_schema.parquet"
-            if not marker.exists():
+            if not marker.exists() or not pq.read_schema(marker).equals(SCHEMAS[table]):
                 self._write_atomic(SCHEMAS[table].empty_table(), marker)
 
     def exists(self) -> bool:

@@ -55,3 +55,24 @@ def test_lake_location_precedence(tmp_path, monkeypatch):
     assert Lake(create=False).root == tmp_path / "env"
     monkeypatch.delenv("THRESHER_LAKE")
     assert str(Lake(create=False).root) == "lake"
+
+
+def test_a_lake_from_an_older_schema_gains_new_columns(tmp_path):
+    import pyarrow.parquet as pq
+
+    from thresher.stores.schemas import SCHEMAS
+
+    root = tmp_path / "old"
+    Lake(root)
+    old_schema = SCHEMAS["evals"].remove(SCHEMAS["evals"].get_field_index("task"))
+    pq.write_table(old_schema.empty_table(), root / "evals" / "_schema.parquet")
+    pq.write_table(
+        pa.table({"round": [0], "metric": ["pass@1"], "value": [0.5]}),
+        root / "evals" / "part-old.parquet",
+    )
+    lake = Lake(root)  # opening it refreshes the schema file
+    lake.append(
+        "evals", [{"round": 1, "task": "all", "metric": "pass@1", "value": 0.7, "run_id": "r"}]
+    )
+    rows = lake.query("SELECT round, task, value FROM evals ORDER BY round").rows()
+    assert rows == [(0, None, 0.5), (1, "all", 0.7)]
