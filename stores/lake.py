@@ -101,8 +101,8 @@ class Lake:
                 self._write_atomic(SCHEMAS[table].empty_table(), marker)
 
     def exists(self) -> bool:
-        """True when the lake folder holds every table."""
-        return all((self.root / t / "_schema.parquet").exists() for t in TABLES)
+        """True when the folder is a lake (a lake from an older thresher counts)."""
+        return (self.root / "prompts" / "_schema.parquet").exists()
 
     def glob(self, table: str) -> str:
         """The DuckDB glob that reads every committed file of `table`."""
@@ -186,6 +186,7 @@ class Lake:
                     raise FileNotFoundError(
                         f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
                     )
+                self.init()  # tables added since the lake was made, current schema files
                 db = _DATABASES[key] = self._create_views(duckdb.connect())
         return db.cursor()
 

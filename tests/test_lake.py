@@ -76,3 +76,13 @@ def test_a_lake_from_an_older_schema_gains_new_columns(tmp_path):
     )
     rows = lake.query("SELECT round, task, value FROM evals ORDER BY round").rows()
     assert rows == [(0, None, 0.5), (1, "all", 0.7)]
+
+
+def test_a_lake_missing_a_newer_table_still_opens(tmp_path):
+    import shutil
+
+    root = tmp_path / "older"
+    Lake(root)
+    shutil.rmtree(root / "train_metrics")  # as a lake made before that table existed
+    lake = Lake(root, create=False)
+    assert lake.count("train_metrics") == 0 and lake.count("prompts") == 0
