@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger("thresher.samplers")
 
 _ENGINE: dict[str, Any] = {"key": None, "llm": None}
 
