@@ -182,12 +182,29 @@ def eval_index(lake_root: str, cfg: CurateConfig):
     return _EVAL_INDEXES[key]
 
 
+def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
+    """The config's prompts (id, prompt, messages) in batches of `batch_size`."""
+    from thresher.stores.queries import load_prompts
+
+    p = cfg.prompts
+    prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
+    if prompts.height == 0:
+        raise NothingToCurate(
+            f"no prompts in the lake for dataset={p.dataset!r} split={p.split!r}"
+            + (f" task={p.task!r}" if p.task else "")
+            + f" (lake: {lake.root}); ingest some with `thresher ingest`"
+        )
+    rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
+    size = cfg.batch_size
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
 @flow(name="curate")
 def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Sample, verify and select one round for the prompts the config names."""
     from tqdm.auto import tqdm
 
-    from thresher.stores.queries import load_prompts, run_summary
+    from thresher.stores.queries import run_summary
     from thresher.stores.runs import tracked_run
 
     cfg = CurateConfig(**config)
@@ -195,17 +212,8 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     run_id = run_id_for(cfg)
     run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
     with tracked_run(lake, run_id, **run) as summary:
-        p = cfg.prompts
-        prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
-        if prompts.height == 0:
-            raise NothingToCurate(
-                f"no prompts in the lake for dataset={p.dataset!r} split={p.split!r}"
-                + (f" task={p.task!r}" if p.task else "")
-                + f" (lake: {lake.root}); ingest some with `thresher ingest`"
-            )
-        rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
-        size = cfg.batch_size
-        batches = [rows[i : i + size] for i in range(0, len(rows), size)]
+        batches = prompt_batches(lake, cfg)
+        rows = [r for b in batches for r in b]
         sampled, sampling_s = 0, 0.0
         quiet_task_logs()
         with tqdm(total=len(rows), unit="prompt", desc="curate", disable=not progress) as bar:

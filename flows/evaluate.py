@@ -16,9 +16,8 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
     from tqdm.auto import tqdm
 
-    from thresher.flows.curate import NothingToCurate, run_id_for, sample_batch, verify_batch
+    from thresher.flows.curate import prompt_batches, run_id_for, sample_batch, verify_batch
     from thresher.stores.passk import pass_at_ks, pass_counts
-    from thresher.stores.queries import load_prompts
     from thresher.stores.runs import tracked_run
 
     cfg = EvalConfig(**config)
@@ -27,15 +26,10 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     run_id = run_id_for(cur)
     run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
     with tracked_run(lake, run_id, **run) as summary:
-        p = cfg.prompts
-        prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
-        if prompts.height == 0:
-            raise NothingToCurate(f"no prompts for dataset={p.dataset!r} split={p.split!r}")
-        rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
-        size = cfg.batch_size
-        with tqdm(total=len(rows), unit="prompt", desc="eval", disable=not progress) as bar:
-            for i in range(0, len(rows), size):
-                batch = rows[i : i + size]
+        batches = prompt_batches(lake, cur)
+        n_prompts = sum(len(b) for b in batches)
+        with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
+            for batch in batches:
                 sample_batch(lake_root, cur, run_id, batch)
                 verify_batch(lake_root, cur, run_id, [r["prompt_id"] for r in batch])
                 bar.update(len(batch))
@@ -47,7 +41,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
                 {
                     "round": cfg.round,
                     "model": cur.model_id,
-                    "split": p.split,
+                    "split": cfg.prompts.split,
                     "samples": cfg.n,
                     "run_id": run_id,
                     "created_at": stamp,
@@ -57,7 +51,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
             ],
         )
         summary.update(
-            run_id=run_id, round=cfg.round, prompts=prompts.height, samples=cfg.n, metrics=metrics
+            run_id=run_id, round=cfg.round, prompts=n_prompts, samples=cfg.n, metrics=metrics
         )
     return summary
 

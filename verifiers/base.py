@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import polars as pl
 
-VERDICT_COLUMNS = ("candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms")
-
 
 @dataclass(frozen=True)
 class Verdict:
