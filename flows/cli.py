@@ -340,6 +340,59 @@ def train_cmd(
     )
 
 
+@app.command()
+def bootstrap(
+    config: Annotated[
+        Path,
+        typer.Option("--config", "-c", help="Bootstrap YAML (see configs/bootstrap-demo.yaml)."),
+    ],
+    lake: LakeOption = None,
+    max_rounds: Annotated[
+        int | None, typer.Option(help="Override the config's max_rounds (e.g. to add rounds).")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Self-bootstrap rounds (STaR / rejection-sampling fine-tuning).
+
+    Evaluates the base model (model 0) on the held-out prompts, then for each round r:
+    samples the training prompts with model r, verifies, optionally rationalizes
+    (hinted re-sampling of unsolved prompts), selects, trains model r+1 on the kept data
+    and evaluates it. Stops at max_rounds, or when held-out pass@1 gains less than
+    min_gain for `patience` rounds in a row. Re-running the same config continues from the
+    last finished step (nothing is sampled or trained twice); a larger --max-rounds adds
+    rounds. Prints pass@k and the funnel per round; `thresher report` draws them.
+    """
+    from thresher.flows.config import BootstrapConfig, ConfigError, load_config
+
+    try:
+        cfg = load_config(config, BootstrapConfig)
+        if max_rounds is not None:
+            cfg = cfg.model_copy(update={"max_rounds": max_rounds})
+    except ConfigError as e:
+        fail(str(e), code=2)
+    if not Path(cfg.base_model).is_dir():
+        fail(f"model folder {cfg.base_model!r} does not exist (models load from local folders)")
+    from thresher.flows.bootstrap import run_bootstrap
+    from thresher.flows.curate import NothingToCurate
+    from thresher.stores.lake import Lake
+    from thresher.stores.report import round_table
+
+    lk = Lake(lake or cfg.lake)
+    try:
+        summary = run_bootstrap(cfg, lk.root, progress=progress)
+    except (NothingToCurate, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    import polars.selectors as cs
+
+    typer.echo(f"\nbootstrap {cfg.name}: {summary['stopped']}")
+    print_frame(
+        round_table(lk, cfg.name).with_columns(cs.float().round(4)),
+        OutputFormat.table,
+        max_rows=1000,
+    )
+    typer.echo("round r's pass@k is model r (model 0 = the base model); `thresher report` plots it")
+
+
 class ExportFormat(StrEnum):
     sft = "sft"
     dpo = "dpo"
@@ -488,15 +541,32 @@ def verify_cmd(
 @app.command("tiny-model")
 def tiny_model(
     out: Annotated[Path, typer.Argument(help="Folder to write the model to.")],
+    task: Annotated[
+        str,
+        typer.Option(
+            help="arithmetic: single-digit sums and products (the tests' model); "
+            "word-problems: the bootstrap demo's base model (arithmetic facts + 100 worked "
+            "word problems)."
+        ),
+    ] = "arithmetic",
     train_steps: Annotated[
-        int, typer.Option(help="Steps of training on single-digit arithmetic (0: random weights).")
-    ] = 150,
+        int | None,
+        typer.Option(help="Steps of training (0: random weights) [default: 150 / 300]."),
+    ] = None,
     seed: int = 0,
 ) -> None:
     """Build a tiny local Llama model (about 0.4 M parameters) for trying thresher out."""
-    from thresher.trainers.tiny import make_tiny_model
+    from thresher.trainers.tiny import make_tiny_model, make_word_problem_model
 
-    path = make_tiny_model(out, train_steps=train_steps, seed=seed)
+    if task == "arithmetic":
+        path = make_tiny_model(
+            out, train_steps=150 if train_steps is None else train_steps, seed=seed
+        )
+    elif task == "word-problems":
+        steps = 300 if train_steps is None else train_steps
+        path = make_word_problem_model(out, train_steps=steps, seed=seed)
+    else:
+        fail(f"--task must be arithmetic or word-problems, got {task!r}")
     typer.echo(f"tiny model written to {path}")
 
 

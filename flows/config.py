@@ -32,6 +32,11 @@ class SamplingConfig(_Strict):
     max_tokens: int = Field(512, ge=1)
     stop: list[str] = Field(default_factory=list)
     seed: int = Field(0, description="engine seed (vLLM's LLM(seed=...))")
+    chat: bool = Field(
+        True,
+        description="send plain prompts as a user message through the chat template "
+        "(as training renders them); false: the raw text",
+    )
 
     @model_validator(mode="after")
     def _greedy_means_one(self) -> SamplingConfig:
@@ -144,6 +149,45 @@ class SelectConfig(_Strict):
     decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
 
 
+class DifficultyConfig(_Strict):
+    """Difficulty-aware sampling, from pass rates this pipeline measured in earlier rounds."""
+
+    skip_solved_above: float | None = Field(
+        None, ge=0, le=1, description="skip prompts last solved at this rate or more"
+    )
+    hard_below: float | None = Field(
+        None, ge=0, le=1, description="prompts last solved at a lower rate than this ..."
+    )
+    hard_k: int | None = Field(None, ge=1, description="... get this many candidates")
+
+    @model_validator(mode="after")
+    def _hard_pair(self) -> DifficultyConfig:
+        if (self.hard_below is None) != (self.hard_k is None):
+            raise ValueError("hard_below and hard_k go together")
+        return self
+
+
+class RationalizeConfig(_Strict):
+    """STaR rationalization: prompts with no passing candidate are sampled again with
+    the reference answer as a hint; passing hinted candidates train without the hint."""
+
+    enabled: bool = False
+    k: int = Field(4, ge=1, description="hinted candidates per unsolved prompt")
+    hint: str = Field(
+        "{prompt} (Hint: the answer is {answer}.)",
+        description="the hinted prompt; {prompt} and {answer} are filled in",
+    )
+    max_share: float | None = Field(
+        0.5, gt=0, le=1, description="most hinted candidates among those kept (per batch)"
+    )
+
+    @model_validator(mode="after")
+    def _hint_fields(self) -> RationalizeConfig:
+        if "{answer}" not in self.hint or "{prompt}" not in self.hint:
+            raise ValueError("hint must contain {prompt} and {answer}")
+        return self
+
+
 class CurateConfig(_Strict):
     """A curate pipeline: sample, verify and select one round."""
 
@@ -159,6 +203,8 @@ class CurateConfig(_Strict):
     server: ServerConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
+    difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
+    rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
 
     @model_validator(mode="after")
     def _lora_needs_local_engine(self) -> CurateConfig:
@@ -177,6 +223,7 @@ class TrainDataConfig(_Strict):
 
     round: int | None = Field(0, ge=0, description="kept candidates of this round")
     all_rounds: bool = Field(True, description="rounds 0..round together (STaR default)")
+    pipeline: str | None = Field(None, description="only data this curate pipeline (name) kept")
     path: str | None = Field(
         None, description="instead: a datasets folder or JSONL (messages or prompt+completion)"
     )
@@ -189,15 +236,9 @@ class LoraConfig(_Strict):
     target_modules: str | list[str] = "all-linear"
 
 
-class TrainConfig(_Strict):
-    """A training run: SFT of `base_model` on selected data, loss on answer tokens only."""
+class TrainSettings(_Strict):
+    """How a model is fine-tuned: SFT, loss on answer tokens only."""
 
-    name: str
-    base_model: str = Field(description="local model folder")
-    round: int = Field(0, ge=0, description="the round whose data trains model round+1")
-    lake: str | None = None
-    data: TrainDataConfig = Field(default_factory=TrainDataConfig)
-    out: str | None = Field(None, description="default: <lake>/models/<name>/round-<round+1>")
     init: Literal["base", "previous"] = Field(
         "base", description="start from base_model, or continue from round's model"
     )
@@ -218,6 +259,17 @@ class TrainConfig(_Strict):
     log_every: int = Field(10, ge=1)
     seed: int = 0
     output: Literal["merged", "adapter", "both"] = "merged"
+
+
+class TrainConfig(TrainSettings):
+    """A training run: SFT of `base_model` on selected data, loss on answer tokens only."""
+
+    name: str
+    base_model: str = Field(description="local model folder")
+    round: int = Field(0, ge=0, description="the round whose data trains model round+1")
+    lake: str | None = None
+    data: TrainDataConfig = Field(default_factory=TrainDataConfig)
+    out: str | None = Field(None, description="default: <lake>/models/<name>/round-<round+1>")
 
 
 class EvalConfig(_Strict):
@@ -256,6 +308,112 @@ class EvalConfig(_Strict):
             batch_size=self.batch_size,
             prompts=self.prompts,
             sampling=sampling,
+            engine=self.engine,
+            verify=self.verify,
+        )
+
+
+class BootstrapTrainConfig(TrainSettings):
+    """Training in each round (the fields of a train config, without the pipeline ones)."""
+
+    all_rounds: bool = Field(True, description="train on rounds 0..r's kept data (STaR)")
+
+
+class BootstrapEvalConfig(_Strict):
+    """Held-out evaluation of every round's model."""
+
+    prompts: PromptsConfig
+    n: int = Field(8, ge=1, description="samples per prompt")
+    ks: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
+    temperature: float | None = Field(None, ge=0, description="default: sampling.temperature")
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _ks_fit(self) -> BootstrapEvalConfig:
+        if max(self.ks) > self.n:
+            raise ValueError(f"pass@{max(self.ks)} needs n >= {max(self.ks)} samples per prompt")
+        if self.prompts.split != "eval":
+            raise ValueError("evaluation prompts must be an eval split (held out from training)")
+        return self
+
+
+class BootstrapConfig(_Strict):
+    """Self-bootstrap rounds (STaR / RFT): round r samples the training prompts with
+    model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
+
+    name: str
+    base_model: str = Field(description="local model folder: model 0")
+    lake: str | None = None
+    batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
+    max_rounds: int = Field(3, ge=1, description="rounds to run (each trains one model)")
+    min_gain: float = Field(
+        0.01, description="held-out pass@1 gain over the best earlier model that counts"
+    )
+    patience: int = Field(
+        2, ge=1, description="stop after this many rounds in a row without min_gain"
+    )
+    prompts: PromptsConfig
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
+    difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
+    rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
+    train: BootstrapTrainConfig = Field(default_factory=BootstrapTrainConfig)
+    eval: BootstrapEvalConfig
+
+    def curate_config(self, round_: int, model: str) -> CurateConfig:
+        """Round `round_`'s curate step, sampling with `model`."""
+        return CurateConfig(
+            name=self.name,
+            model=model,
+            round=round_,
+            lake=self.lake,
+            batch_size=self.batch_size,
+            prompts=self.prompts,
+            sampling=self.sampling,
+            engine=self.engine,
+            verify=self.verify,
+            select=self.select,
+            difficulty=self.difficulty,
+            rationalize=self.rationalize,
+        )
+
+    def train_config(self, round_: int) -> TrainConfig:
+        """Round `round_`'s training step: its kept data (and earlier rounds') -> model r+1."""
+        settings = self.train.model_dump(exclude={"all_rounds"})
+        return TrainConfig(
+            name=self.name,
+            base_model=self.base_model,
+            round=round_,
+            lake=self.lake,
+            data=TrainDataConfig(
+                round=round_, all_rounds=self.train.all_rounds, pipeline=self.name
+            ),
+            **settings,
+        )
+
+    def eval_config(self, round_: int, model: str) -> EvalConfig:
+        """Held-out evaluation of model `round_` (model 0 is the base model)."""
+        e = self.eval
+        overrides = {
+            k: v
+            for k, v in dict(
+                temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens
+            ).items()
+            if v is not None
+        }
+        return EvalConfig(
+            name=self.name,
+            model=model,
+            round=round_,
+            lake=self.lake,
+            batch_size=self.batch_size,
+            prompts=e.prompts,
+            n=e.n,
+            ks=e.ks,
+            sampling=self.sampling.model_copy(update={**overrides, "k": e.n}),
             engine=self.engine,
             verify=self.verify,
         )

@@ -30,41 +30,114 @@ def run_id_for(cfg: CurateConfig) -> str:
 
 @task(name="sample", cache_policy=NO_CACHE)
 def sample_batch(
-    lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict]
+    lake_root: str,
+    cfg: CurateConfig,
+    run_id: str,
+    batch: list[dict],
+    ks: dict[str, int] | None = None,
 ) -> tuple[int, float]:
-    """Sample the prompts of `batch` that lack candidates; returns (written, seconds sampling)."""
+    """Sample the prompts of `batch` that lack candidates (k each, or `ks[prompt_id]`);
+    returns (written, seconds sampling)."""
+    ks = ks or {p["prompt_id"]: cfg.sampling.k for p in batch}
+    ids = [p["prompt_id"] for p in batch]
+    return _sample_missing(
+        lake_root, cfg, run_id, batch, ks, sampling_params(cfg), content_id("batch", run_id, ids)
+    )
+
+
+def _sample_missing(
+    lake_root: str,
+    cfg: CurateConfig,
+    run_id: str,
+    batch: list[dict],
+    ks: dict[str, int],
+    params: dict[str, Any],
+    batch_id: str,
+    hinted: bool = False,
+) -> tuple[int, float]:
     from thresher.samplers import candidate_rows, expected_ids
     from thresher.stores.queries import complete_prompts
 
     lake = Lake(lake_root)
-    params = sampling_params(cfg)
-    k = cfg.sampling.k
-    ids = [p["prompt_id"] for p in batch]
-    done = complete_prompts(lake, ids, expected_ids(ids, cfg.model_id, cfg.round, k, params))
+    expected = {
+        p["prompt_id"]: expected_ids(
+            [p["prompt_id"]], cfg.model_id, cfg.round, ks[p["prompt_id"]], params
+        )
+        for p in batch
+    }
+    done = complete_prompts(lake, expected)
     todo = [p for p in batch if p["prompt_id"] not in done]
     if not todo:
         return 0, 0.0
     sample = _sampler(cfg)  # starts the engine on first use: not counted as sampling time
-    start = time.perf_counter()
-    completions = sample([p["prompt"] for p in todo], [p["messages"] for p in todo])
-    seconds = time.perf_counter() - start
-    rows = candidate_rows(
-        [p["prompt_id"] for p in todo],
-        completions,
-        model=cfg.model_id,
-        round_=cfg.round,
-        run_id=run_id,
-        batch_id=content_id("batch", run_id, ids),
-        params=params,
+    written, seconds = 0, 0.0
+    for k in sorted({ks[p["prompt_id"]] for p in todo}):
+        group = [p for p in todo if ks[p["prompt_id"]] == k]
+        start = time.perf_counter()
+        completions = sample([p["prompt"] for p in group], [p["messages"] for p in group], k)
+        seconds += time.perf_counter() - start
+        rows = candidate_rows(
+            [p["prompt_id"] for p in group],
+            completions,
+            model=cfg.model_id,
+            round_=cfg.round,
+            run_id=run_id,
+            batch_id=batch_id,
+            params=params,
+            hinted=hinted,
+        )
+        written += lake.append("candidates", rows)
+    return written, seconds
+
+
+@task(name="rationalize", cache_policy=NO_CACHE)
+def rationalize_batch(lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict]) -> int:
+    """Sample the batch's unsolved prompts again with the reference answer as a hint."""
+    import json
+
+    from thresher.stores.difficulty import hinted_prompt
+    from thresher.stores.queries import unsolved_prompts
+
+    r = cfg.rationalize
+    unsolved = set(
+        unsolved_prompts(Lake(lake_root), run_id, [p["prompt_id"] for p in batch], cfg.verify.rule)
     )
-    return lake.append("candidates", rows), seconds
+    todo = []
+    for p in batch:
+        if p["prompt_id"] in unsolved and p.get("answer") is not None:
+            messages = json.loads(p["messages"]) if p["messages"] else None
+            prompt, msgs = hinted_prompt(r.hint, p["prompt"], messages, p["answer"])
+            todo.append({**p, "prompt": prompt, "messages": json.dumps(msgs) if msgs else None})
+    if not todo:
+        return 0
+    params = {**sampling_params(cfg), "hint": r.hint}
+    batch_id = content_id("hinted-batch", run_id, [p["prompt_id"] for p in todo])
+    ks = {p["prompt_id"]: r.k for p in todo}
+    written, _ = _sample_missing(lake_root, cfg, run_id, todo, ks, params, batch_id, hinted=True)
+    return written
 
 
 def _sampler(cfg: CurateConfig):
-    """A function from (prompts, messages) to k completions each: local engine or server."""
+    """A function from (prompts, messages, k) to k completions each: local engine or server."""
+    inner = _raw_sampler(cfg)
+    if not cfg.sampling.chat:
+        return inner
+
+    def sample(prompts, messages, k):
+        import json
+
+        messages = [
+            m if m else json.dumps([{"role": "user", "content": p}])
+            for p, m in zip(prompts, messages, strict=True)
+        ]
+        return inner(prompts, messages, k)
+
+    return sample
+
+
+def _raw_sampler(cfg: CurateConfig):
     s = cfg.sampling
     params = dict(
-        k=s.k,
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
@@ -78,11 +151,12 @@ def _sampler(cfg: CurateConfig):
 
         srv = cfg.server
         key = os.environ.get(srv.api_key_env) if srv.api_key_env else None
-        return lambda prompts, messages: sample_server(
+        return lambda prompts, messages, k: sample_server(
             srv.base_url,
             cfg.model,
             prompts,
             messages,
+            k=k,
             concurrency=srv.concurrency,
             retries=srv.retries,
             timeout=srv.timeout_s,
@@ -93,8 +167,8 @@ def _sampler(cfg: CurateConfig):
     from thresher.samplers.vllm_offline import render_prompts, sample
 
     llm = engine_for(cfg)
-    return lambda prompts, messages: sample(
-        llm, render_prompts(llm, prompts, messages), lora=cfg.lora, **params
+    return lambda prompts, messages, k: sample(
+        llm, render_prompts(llm, prompts, messages), k=k, lora=cfg.lora, **params
     )
 
 
@@ -147,6 +221,8 @@ def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
 
     s = cfg.select
     options = s.model_dump(exclude={"cap", "decontaminate"})
+    if cfg.rationalize.enabled:
+        options["max_hinted_share"] = cfg.rationalize.max_share
     return select(
         Lake(lake_root),
         run_id,
@@ -182,8 +258,8 @@ def eval_index(lake_root: str, cfg: CurateConfig):
     return _EVAL_INDEXES[key]
 
 
-def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
-    """The config's prompts (id, prompt, messages) in batches of `batch_size`."""
+def prompt_rows(lake: Lake, cfg: CurateConfig) -> list[dict]:
+    """The config's prompts (id, prompt, messages, answer), ordered by prompt_id."""
     from thresher.stores.queries import load_prompts
 
     p = cfg.prompts
@@ -194,9 +270,30 @@ def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
             + (f" task={p.task!r}" if p.task else "")
             + f" (lake: {lake.root}); ingest some with `thresher ingest`"
         )
-    rows = prompts.select("prompt_id", "prompt", "messages").to_dicts()
-    size = cfg.batch_size
+    return prompts.select("prompt_id", "prompt", "messages", "answer").to_dicts()
+
+
+def batched(rows: list[dict], size: int) -> list[list[dict]]:
+    """`rows` in consecutive batches of `size`."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
+    """The config's prompts in batches of `batch_size`."""
+    return batched(prompt_rows(lake, cfg), cfg.batch_size)
+
+
+def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, int]:
+    """prompt_id -> candidates to sample this round (0: skipped as solved)."""
+    from thresher.stores.difficulty import plan_k
+    from thresher.stores.queries import last_pass_rates
+
+    d = cfg.difficulty
+    ids = [r["prompt_id"] for r in rows]
+    if cfg.round == 0 or (d.skip_solved_above is None and d.hard_below is None):
+        return dict.fromkeys(ids, cfg.sampling.k)
+    rates = last_pass_rates(lake, cfg.name, cfg.round)
+    return plan_k(ids, cfg.sampling.k, rates, d.skip_solved_above, d.hard_below, d.hard_k)
 
 
 @flow(name="curate")
@@ -212,30 +309,40 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     run_id = run_id_for(cfg)
     run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
     with tracked_run(lake, run_id, **run) as summary:
-        batches = prompt_batches(lake, cfg)
-        rows = [r for b in batches for r in b]
+        rows = prompt_rows(lake, cfg)
+        ks = sampling_plan(lake, cfg, rows)
+        todo = [r for r in rows if ks[r["prompt_id"]] > 0]
         sampled, sampling_s = 0, 0.0
         quiet_task_logs()
-        with tqdm(total=len(rows), unit="prompt", desc="curate", disable=not progress) as bar:
-            for batch in batches:
+        with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
+            for batch in batched(todo, cfg.batch_size):
                 ids = [r["prompt_id"] for r in batch]
-                written, seconds = sample_batch(lake_root, cfg, run_id, batch)
+                written, seconds = sample_batch(lake_root, cfg, run_id, batch, ks)
                 sampled, sampling_s = sampled + written, sampling_s + seconds
                 verify_batch(lake_root, cfg, run_id, ids)
+                if cfg.rationalize.enabled:
+                    sampled += rationalize_batch(lake_root, cfg, run_id, batch)
+                    verify_batch(lake_root, cfg, run_id, ids)
                 select_batch(lake_root, cfg, run_id, ids)
                 bar.update(len(batch))
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")
         summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, run_id, cfg.round))
         summary["sampled_now"] = sampled
+        summary["skipped_solved"] = sum(k == 0 for k in ks.values())
+        if cfg.difficulty.hard_k:
+            summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
     return summary
 
 
-def quiet_task_logs() -> None:
-    """One INFO line per task would bury the progress bar; keep task warnings and errors."""
+def quiet_task_logs(flows: bool = False) -> None:
+    """One INFO line per task (and, with `flows`, per subflow) would bury the progress
+    bars; keep their warnings and errors."""
     import logging
 
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    if flows:
+        logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
 
 
 def run_curate(cfg: CurateConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:

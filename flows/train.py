@@ -31,19 +31,51 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     from thresher.stores.export import sft_rows
 
-    return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds)
+    return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds, d.pipeline)
+
+
+def train_run_id(cfg: TrainConfig) -> str:
+    """Same training settings and data, same run: re-running resumes (or skips) it."""
+    return content_id("train", cfg.model_dump(exclude={"lake"}))
+
+
+def train_output(cfg: TrainConfig, lake: Lake) -> Path:
+    """The folder the config's run writes (model/, adapter/, checkpoints/)."""
+    return Path(cfg.out) if cfg.out else model_dir_for(lake, cfg.name, cfg.round + 1)
+
+
+def finished_training(lake: Lake, cfg: TrainConfig) -> dict[str, Any] | None:
+    """The summary of this config's completed run when its output is still there."""
+    from thresher.stores.runs import latest_run
+
+    run = latest_run(lake, train_run_id(cfg))
+    if not run or run["status"] != "completed":
+        return None
+    summary = run["summary"]
+    wanted = [summary.get("model_dir"), summary.get("adapter_dir")]
+    if not all(
+        Path(p, "config.json").exists() or Path(p, "adapter_config.json").exists()
+        for p in wanted
+        if p
+    ):
+        return None
+    return summary
 
 
 @flow(name="train")
 def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
-    """Train model round+1 from the config; resumes from the newest checkpoint."""
+    """Train model round+1 from the config; resumes from the newest checkpoint, and does
+    nothing when this very run already finished and its model is still on disk."""
     from thresher.stores.runs import tracked_run
     from thresher.trainers.sft import TrainSpec, train
 
     cfg = TrainConfig(**config)
     lake = Lake(lake_root)
-    run_id = content_id("train", cfg.model_dump(exclude={"lake"}))
-    out = Path(cfg.out) if cfg.out else model_dir_for(lake, cfg.name, cfg.round + 1)
+    run_id = train_run_id(cfg)
+    done = finished_training(lake, cfg)
+    if done:
+        return {**done, "already_trained": True}
+    out = train_output(cfg, lake)
     base = cfg.base_model
     if cfg.init == "previous" and cfg.round > 0:
         base = str(model_dir_for(lake, cfg.name, cfg.round) / "model")

@@ -120,6 +120,9 @@ def render_prompts(llm, prompts: list[str | None], messages: list[str | list | N
         if tokenizer is None:
             tokenizer = llm.get_tokenizer()
         msgs = json.loads(msgs) if isinstance(msgs, str) else msgs
+        if not getattr(tokenizer, "chat_template", None) and len(msgs) == 1:
+            out.append(msgs[0]["content"])  # a base model without a template: the plain text
+            continue
         out.append(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
     return out
 

@@ -14,7 +14,10 @@ SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS com
 FROM selections s
 JOIN candidates c USING (candidate_id)
 JOIN prompts p ON p.prompt_id = c.prompt_id
-WHERE s.kept AND s.round {op} ?
+WHERE s.kept AND s.round {op} $round
+  AND ($name IS NULL OR s.run_id IN (
+      SELECT run_id FROM runs
+      WHERE flow = 'curate' AND json_extract_string(config, '$.name') = $name))
 ORDER BY s.round, c.prompt_id, c.sample_idx
 """
 
@@ -36,9 +39,17 @@ def _messages(row: dict) -> list[dict]:
     return [{"role": "user", "content": row["prompt"]}]
 
 
-def sft_rows(lake: Lake, round_: int, all_rounds: bool = False) -> list[dict]:
-    """SFT rows (messages, prompt, completion, ids) of a round's kept candidates."""
-    kept = lake.query(KEPT_SQL.format(op="<=" if all_rounds else "="), [round_]).to_dicts()
+def _kept(lake: Lake, round_: int, all_rounds: bool, name: str | None) -> list[dict]:
+    sql = KEPT_SQL.format(op="<=" if all_rounds else "=")
+    return lake.query(sql, {"round": round_, "name": name}).to_dicts()
+
+
+def sft_rows(
+    lake: Lake, round_: int, all_rounds: bool = False, name: str | None = None
+) -> list[dict]:
+    """SFT rows (messages, prompt, completion, ids) of a round's kept candidates
+    (only those pipeline `name` curated, when given)."""
+    kept = _kept(lake, round_, all_rounds, name)
     return [
         {
             "messages": [*_messages(r), {"role": "assistant", "content": r["completion"]}],
@@ -70,7 +81,7 @@ def export_round(
     import datasets
 
     op = "<=" if all_rounds else "="
-    kept = lake.query(KEPT_SQL.format(op=op), [round_]).to_dicts()
+    kept = _kept(lake, round_, all_rounds, None)
     if not kept:
         raise ExportError(f"round {round_} has no kept candidates in {lake.root}")
     if fmt == "sft":

@@ -237,11 +237,14 @@ class Lake:
             con.execute(f"CREATE VIEW {name} AS {body}")
         return con
 
-    def query(self, sql: str, params: Iterable[Any] | None = None):
-        """Run SQL over the lake's views and return a polars DataFrame."""
+    def query(self, sql: str, params: Iterable[Any] | dict[str, Any] | None = None):
+        """Run SQL over the lake's views and return a polars DataFrame ($name params
+        from a dict, ? params from a sequence)."""
         con = self.connect()
         try:
-            return con.sql(sql, params=list(params) if params else None).pl()
+            if params is not None and not isinstance(params, dict):
+                params = list(params)
+            return con.sql(sql, params=params or None).pl()
         finally:
             con.close()
 

@@ -26,19 +26,65 @@ def _with_ids(con, name: str, column: str, ids: list[str]) -> None:
     con.register(name, pa.table({column: pa.array(ids, pa.string())}))
 
 
-def complete_prompts(lake: Lake, prompt_ids: list[str], candidate_ids: list[str]) -> set[str]:
-    """Prompts whose expected candidate ids are all in the lake already."""
+def complete_prompts(lake: Lake, expected: dict[str, list[str]]) -> set[str]:
+    """Prompts whose expected candidate ids (prompt_id -> ids) are all in the lake already."""
+    wanted = [c for ids in expected.values() for c in ids]
     con = lake.connect()
     try:
-        _with_ids(con, "wanted", "candidate_id", candidate_ids)
+        _with_ids(con, "wanted", "candidate_id", wanted)
         found = con.sql(
             "SELECT c.prompt_id, count(*) FROM candidates c JOIN wanted USING (candidate_id) "
             "GROUP BY c.prompt_id"
         ).fetchall()
     finally:
         con.close()
-    per_prompt = len(candidate_ids) // max(len(prompt_ids), 1)
-    return {pid for pid, n in found if n >= per_prompt}
+    return {pid for pid, n in found if pid in expected and n >= len(expected[pid])}
+
+
+def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float]:
+    """Each prompt's pass rate (unhinted candidates) in the latest round before
+    `before_round` that pipeline `name` curated it."""
+    rows = lake.query(
+        """WITH curated AS (
+               SELECT DISTINCT run_id FROM runs
+               WHERE flow = 'curate' AND json_extract_string(config, '$.name') = ?),
+           rates AS (
+               SELECT s.round, s.prompt_id,
+                      avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate
+               FROM selections s JOIN candidates c USING (candidate_id)
+               WHERE s.round < ? AND s.run_id IN (SELECT run_id FROM curated)
+                 AND NOT coalesce(c.hinted, false)
+               GROUP BY s.round, s.prompt_id)
+           SELECT prompt_id, arg_max(pass_rate, round) AS pass_rate FROM rates
+           GROUP BY prompt_id""",
+        [name, before_round],
+    )
+    return dict(zip(rows["prompt_id"].to_list(), rows["pass_rate"].to_list(), strict=True))
+
+
+def unsolved_prompts(
+    lake: Lake, run_id: str, prompt_ids: list[str], rule: str | None = None
+) -> list[str]:
+    """Prompts of a run with verified unhinted candidates, none of which passes `rule`."""
+    from thresher.stores.rules import rule_sql
+
+    con = lake.connect()
+    try:
+        _with_ids(con, "batch", "prompt_id", prompt_ids)
+        rows = con.sql(
+            f"""WITH per_candidate AS (
+                    SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
+                    FROM candidates c JOIN batch USING (prompt_id)
+                    JOIN verdicts v ON v.candidate_id = c.candidate_id
+                    WHERE c.run_id = ? AND NOT coalesce(c.hinted, false)
+                    GROUP BY ALL)
+                SELECT prompt_id FROM per_candidate GROUP BY prompt_id
+                HAVING NOT bool_or(passed) ORDER BY prompt_id""",
+            params=[run_id],
+        ).fetchall()
+    finally:
+        con.close()
+    return [r[0] for r in rows]
 
 
 def candidates_to_verify(lake: Lake, run_id: str, prompt_ids: list[str], verifier: str):

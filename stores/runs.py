@@ -62,3 +62,16 @@ def tracked_run(
         record_run(lake, run_id, status="failed", summary=error, finished=True, **run)
         raise
     record_run(lake, run_id, status="completed", summary=summary, finished=True, **run)
+
+
+def latest_run(lake: Lake, run_id: str) -> dict[str, Any] | None:
+    """The run's latest status row (config and summary parsed), or None."""
+    rows = lake.query(
+        "SELECT * FROM runs WHERE run_id = ? ORDER BY updated_at DESC LIMIT 1", [run_id]
+    ).to_dicts()
+    if not rows:
+        return None
+    row = rows[0]
+    row["config"] = json.loads(row["config"] or "{}")
+    row["summary"] = json.loads(row["summary"] or "{}")
+    return row

@@ -4,7 +4,8 @@ For each candidate of a batch, in this order: `failed` (the rule does not hold),
 `too_easy` (its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>`
 (its prompt or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised
 text, or a MinHash near-duplicate, of a candidate kept before it), `capped` (over the
-per-prompt cap under the chosen policy); otherwise kept. One `selections` row each.
+per-prompt cap under the chosen policy), `hint_share` (a hinted candidate over the
+batch's share of hinted data); otherwise kept. One `selections` row each.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class SelectSpec:
     shingle_size: int = 5
     across_prompts: bool = False
     max_pass_rate: float | None = None
+    max_hinted_share: float | None = None  # most hinted candidates among those kept
     eval_index: object | None = field(default=None, repr=False)  # decontam.EvalIndex
 
     def __post_init__(self):
@@ -98,7 +100,8 @@ def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None =
 
     if spec.max_pass_rate is not None:
         for group in by_prompt.values():
-            rate = sum(r["passed"] for r in group) / len(group)
+            plain = [r for r in group if not r["hinted"]] or group
+            rate = sum(r["passed"] for r in plain) / len(plain)
             if rate > spec.max_pass_rate:
                 for r in group:
                     r["reason"] = r["reason"] or "too_easy"
@@ -152,6 +155,14 @@ def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None =
             continue
         for r in _rank(alive, spec)[spec.cap :]:
             r["reason"] = "capped"
+
+    if spec.max_hinted_share is not None and spec.max_hinted_share < 1:
+        kept = [r for r in rows if r["reason"] is None]
+        hinted = [r for r in kept if r["hinted"]]
+        share = spec.max_hinted_share
+        allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
+        for r in hinted[allowed:]:
+            r["reason"] = "hint_share"
 
 
 def _rank(alive: list[dict], spec: SelectSpec) -> list[dict]:

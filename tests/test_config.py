@@ -50,10 +50,11 @@ def test_bundled_configs_are_valid():
 
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
     assert len(configs) >= 2
-    from thresher.flows.config import TrainConfig
+    from thresher.flows.config import BootstrapConfig, TrainConfig
 
+    kinds = {"train": TrainConfig, "bootstrap": BootstrapConfig}
     for path in configs:
-        load_config(path, TrainConfig if path.name.startswith("train") else None)
+        load_config(path, kinds.get(path.name.split("-")[0]))
     assert load_config(configs[0].with_name("demo.yaml")).select.cap == 2
 
 

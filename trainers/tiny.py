@@ -6,8 +6,13 @@ import json
 import random
 from pathlib import Path
 
+# The assistant's answer follows "assistant:" directly and ends with EOS, exactly as the
+# model samples it (its answers start with a space), so training on sampled answers
+# reproduces the sampled text instead of adding a space and a newline each round.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}"
+    "assistant:{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]
@@ -33,6 +38,66 @@ def arithmetic_examples(seed: int = 0) -> list[dict]:
     random.Random(seed).shuffle(rows)
     for i, row in enumerate(rows):
         row["split"] = "eval" if i % 5 == 0 else "train"
+    return rows
+
+
+NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lea"]
+OBJECTS = ["apple", "book", "coin", "shell", "card", "stamp", "marble", "pen", "cup", "kite"]
+WORD_TEMPLATES = {
+    "+": [
+        "{n} has {a} {o}s and finds {b} more. How many {o}s does {n} have now?",
+        "{n} had {a} {o}s. A friend gave {n} {b} more. How many {o}s does {n} have?",
+    ],
+    "-": [
+        "{n} has {a} {o}s and gives {b} away. How many {o}s are left?",
+        "{n} had {a} {o}s and lost {b} of them. How many {o}s does {n} have left?",
+    ],
+    "*": [
+        "{n} has {a} boxes with {b} {o}s in each box. How many {o}s does {n} have in all?",
+        "{n} buys {a} packs of {b} {o}s. How many {o}s does {n} buy?",
+    ],
+}
+
+
+def _word_problem(rng: random.Random) -> dict:
+    op = rng.choice("+-*")
+    if op == "*":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        value = a * b
+    elif op == "+":
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        value = a + b
+    else:
+        b, value = rng.randint(1, 9), rng.randint(1, 9)
+        a = b + value
+    text = rng.choice(WORD_TEMPLATES[op]).format(
+        n=rng.choice(NAMES), o=rng.choice(OBJECTS), a=a, b=b
+    )
+    return {
+        "prompt": text,
+        "answer": str(value),
+        "completion": f" {a} {op} {b} = {value}. The answer is {value}.",
+    }
+
+
+def word_problems(splits: dict[str, int], seed: int = 0) -> list[dict]:
+    """One-step arithmetic word problems with worked answers, distinct across splits.
+
+    `splits` maps a split name to its size, e.g. {"seed": 300, "train": 1000, "eval": 200};
+    no problem text appears twice. Each row: id, split, prompt, answer, completion.
+    """
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    rows = []
+    for split, size in splits.items():
+        made = 0
+        while made < size:
+            row = _word_problem(rng)
+            if row["prompt"] in seen:
+                continue
+            seen.add(row["prompt"])
+            rows.append({"id": f"{split}-{made}", "split": split, **row})
+            made += 1
     return rows
 
 
@@ -74,16 +139,54 @@ def make_tiny_model(
     (by default the train split of `arithmetic_examples`), so it answers some of them
     correctly: a stand-in for a pretrained model in demos and tests.
     """
+    if examples is None:
+        examples = [e for e in arithmetic_examples() if e["split"] == "train"]
+    texts = [e["prompt"] + e["completion"] for e in examples]
+    chat_texts = [chat_text(e["prompt"], e["completion"]) for e in examples]
+    info = {"train_steps": train_steps, "seed": seed, "examples": len(examples)}
+    return _build(out_dir, texts + chat_texts, train_steps, seed, info)
+
+
+def arithmetic_facts() -> list[str]:
+    """Every fact the word problems use: a + b, (a + b) - b and a * b for small a, b."""
+    facts = []
+    for a in range(1, 10):
+        for b in range(1, 10):
+            facts += [f"{a} + {b} = {a + b}", f"{a + b} - {b} = {a}"]
+    for a in range(2, 10):
+        for b in range(2, 10):
+            facts.append(f"{a} * {b} = {a * b}")
+    return facts
+
+
+WORD_SPLITS = {"seed": 100, "train": 1000, "eval": 200}
+
+
+def make_word_problem_model(out_dir: str | Path, train_steps: int = 300, seed: int = 0) -> Path:
+    """The demo's base model: a tiny Llama trained from scratch on the arithmetic facts
+    and 100 worked word problems (the `seed` split of `word_problems`, which shares no
+    problem with the bundled train and eval splits).
+
+    It knows the facts but applies them to word problems unreliably: sampled pass@1 on
+    held-out problems is low while pass@8 is much higher, the gap bootstrapping closes.
+    """
+    seed_rows = [r for r in word_problems(WORD_SPLITS) if r["split"] == "seed"]
+    texts = [chat_text(r["prompt"], r["completion"]) for r in seed_rows] + arithmetic_facts()
+    info = {"train_steps": train_steps, "seed": seed, "examples": len(seed_rows), "task": "word"}
+    return _build(out_dir, texts, train_steps, seed, info)
+
+
+def chat_text(prompt: str, completion: str) -> str:
+    """A prompt and its answer as the tiny chat template renders them (without EOS)."""
+    return f"user: {prompt}\nassistant:{completion}"
+
+
+def _build(out_dir: str | Path, texts: list[str], train_steps: int, seed: int, info: dict) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
-    if examples is None:
-        examples = [e for e in arithmetic_examples() if e["split"] == "train"]
-    texts = [e["prompt"] + e["completion"] for e in examples]
-    chat_texts = [f"user: {e['prompt']}\nassistant:{e['completion']}" for e in examples]
-    tokenizer = build_tokenizer(texts + chat_texts)
-
+    tokenizer = build_tokenizer(texts)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -100,14 +203,12 @@ def make_tiny_model(
     )
     model = LlamaForCausalLM(config)
     if train_steps > 0:
-        _fit(model, tokenizer, texts + chat_texts, train_steps, seed)
+        _fit(model, tokenizer, texts, train_steps, seed)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "thresher_tiny.json").write_text(
-        json.dumps({"train_steps": train_steps, "seed": seed, "examples": len(examples)})
-    )
+    (out / "thresher_tiny.json").write_text(json.dumps(info))
     return out
 
 

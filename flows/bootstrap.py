@@ -1,0 +1,140 @@
+"""The bootstrap flow: STaR / rejection-sampling fine-tuning, round after round.
+
+Model 0 is the base model. Round r curates the training prompts with model r, trains
+model r+1 on the kept data, and evaluates model r+1 on held-out prompts. Every step has
+a content-derived run id, so re-running the same config skips what is finished and
+resumes what is not; raising `max_rounds` adds rounds after the last one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from thresher.flows.config import BootstrapConfig
+from thresher.ids import content_id
+from thresher.stores.lake import Lake
+
+
+def bootstrap_run_id(cfg: BootstrapConfig) -> str:
+    """The stop rules are not part of the run: raising max_rounds continues it."""
+    return content_id(
+        "bootstrap",
+        cfg.model_dump(
+            exclude={"lake", "batch_size", "engine", "max_rounds", "min_gain", "patience"}
+        ),
+    )
+
+
+def model_path(lake: Lake, cfg: BootstrapConfig, round_: int) -> str:
+    """Model r's folder: the base model for round 0, else what round r-1 trained."""
+    from thresher.flows.train import model_dir_for
+
+    if round_ == 0:
+        return cfg.base_model
+    return str(model_dir_for(lake, cfg.name, round_) / "model")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _pass1(metrics: list[dict]) -> float:
+    return next(m["value"] for m in metrics if m["task"] == "all" and m["metric"] == "pass@1")
+
+
+def _metrics_line(metrics: list[dict]) -> str:
+    return ", ".join(f"{m['metric']} {m['value']:.3f}" for m in metrics if m["task"] == "all")
+
+
+@flow(name="bootstrap")
+def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+    """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
+    held-out pass@1 stops improving by min_gain for `patience` rounds."""
+    from thresher.flows.curate import curate_flow
+    from thresher.flows.evaluate import eval_flow
+    from thresher.flows.train import train_flow
+    from thresher.samplers.vllm_offline import shutdown_engine
+    from thresher.stores.runs import tracked_run
+
+    cfg = BootstrapConfig(**config)
+    lake = Lake(lake_root)
+    run_id = bootstrap_run_id(cfg)
+    run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=config)
+    with tracked_run(lake, run_id, **run) as summary:
+        if cfg.train.output == "adapter":
+            raise ValueError(
+                "bootstrap samples with each round's model: train.output must be merged or both"
+            )
+        rounds: list[dict[str, Any]] = []
+        first = eval_flow(cfg.eval_config(0, cfg.base_model).model_dump(), lake_root, progress)
+        best = _pass1(first["metrics"])
+        _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
+        history = [{"round": 0, "metrics": first["metrics"]}]
+        stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
+        for r in range(cfg.max_rounds):
+            model = model_path(lake, cfg, r)
+            curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
+            _say(
+                f"round {r}: {curated['prompts']} prompts sampled "
+                f"({curated['skipped_solved']} skipped as solved), "
+                f"{curated['candidates']} candidates, {curated['passed']} passed, "
+                f"kept {curated['kept']}"
+            )
+            shutdown_engine()  # training wants the memory and the cores
+            trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
+            if trained.get("already_trained"):
+                _say(f"round {r}: model {r + 1} already trained ({trained['model_dir']})")
+            evaluated = eval_flow(
+                cfg.eval_config(r + 1, trained["model_dir"]).model_dump(), lake_root, progress
+            )
+            pass1 = _pass1(evaluated["metrics"])
+            gain = pass1 - best
+            _say(f"model {r + 1}: {_metrics_line(evaluated['metrics'])} (gain {gain:+.3f})")
+            rounds.append(
+                {
+                    "round": r,
+                    "curate": {
+                        k: curated.get(k)
+                        for k in (
+                            "run_id",
+                            "candidates",
+                            "passed",
+                            "kept",
+                            "sampled_now",
+                            "skipped_solved",
+                        )
+                    },
+                    "train": {
+                        k: trained.get(k)
+                        for k in ("run_id", "rows", "steps", "final_loss", "model_dir")
+                    },
+                }
+            )
+            history.append({"round": r + 1, "metrics": evaluated["metrics"]})
+            best = max(best, pass1)
+            stale = stale + 1 if gain < cfg.min_gain else 0
+            if stale >= cfg.patience:
+                stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
+                break
+        shutdown_engine()
+        summary.update(run_id=run_id, rounds=rounds, evals=history, stopped=stop)
+        _say(f"stopped: {stop}")
+    return summary
+
+
+def run_bootstrap(
+    cfg: BootstrapConfig, lake_root: str | Path, progress: bool = True
+) -> dict[str, Any]:
+    """Run the bootstrap flow for a validated config, then stop the engine it started."""
+    from thresher.flows.curate import quiet_task_logs
+    from thresher.samplers.vllm_offline import shutdown_engine
+
+    quiet_task_logs(flows=True)
+    try:
+        return bootstrap_flow(cfg.model_dump(), str(lake_root), progress)
+    finally:
+        shutdown_engine()

@@ -1,0 +1,181 @@
+"""`thresher bootstrap` end to end (real vLLM engine, trainer, Prefect), and STaR
+rationalization: hinted samples are flagged and train without their hint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from thresher.stores.ingest import ingest
+from thresher.stores.lake import Lake
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+
+
+def _lake(tmp_path: Path) -> Lake:
+    lake = Lake(tmp_path / "lake")
+    for split in ("train", "eval"):
+        ingest(
+            lake,
+            EXAMPLES / f"{split}.jsonl",
+            dataset="arith",
+            split=split,
+            mapping={"prompt": "question"},
+            task="arithmetic",
+        )
+    return lake
+
+
+def _thresher(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "thresher.flows.cli", *args, "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _count(lake: Lake, sql: str, params=None) -> int:
+    return int(lake.query(sql, params)[0, 0])
+
+
+CURATED = "SELECT run_id FROM runs WHERE flow = 'curate'"
+
+
+def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_path):
+    lake = _lake(tmp_path)
+    config = {
+        "name": "e2e",
+        "base_model": str(tiny_model),
+        "batch_size": 20,
+        "max_rounds": 2,
+        "min_gain": -1.0,  # never stop early: both rounds run
+        "prompts": {"dataset": "arith", "split": "train", "limit": 40},
+        "sampling": {"k": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 24},
+        "engine": {"dtype": "float32", "max_model_len": 256},
+        "verify": {"verifiers": ["math"]},
+        "select": {"cap": 2},
+        "difficulty": {"skip_solved_above": 1.0, "hard_below": 0.5, "hard_k": 6},
+        "rationalize": {"enabled": True, "k": 2, "max_share": 0.5},
+        "train": {
+            "method": "full",
+            "learning_rate": 0.001,
+            "max_steps": 4,
+            "batch_size": 8,
+            "max_len": 64,
+            "eval_fraction": 0.0,
+            "save_every": 2,
+        },
+        "eval": {
+            "prompts": {"dataset": "arith", "split": "eval", "limit": 20},
+            "n": 4,
+            "ks": [1, 4],
+        },
+    }
+    path = tmp_path / "bootstrap.yaml"
+    path.write_text(yaml.safe_dump(config))
+    first = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "max_rounds (2) reached" in first.stdout
+
+    # round 0: k unhinted candidates for each of the 40 prompts, one selection each
+    per_round = lake.query(
+        f"""SELECT round, count(*) FILTER (WHERE NOT hinted) AS plain,
+                   count(*) FILTER (WHERE hinted) AS hinted
+            FROM candidates WHERE run_id IN ({CURATED}) GROUP BY round ORDER BY round"""
+    ).to_dicts()
+    assert [r["round"] for r in per_round] == [0, 1]
+    assert per_round[0]["plain"] == 40 * 4
+    for r in (0, 1):
+        curated = _count(
+            lake, f"SELECT count(*) FROM candidates WHERE round = ? AND run_id IN ({CURATED})", [r]
+        )
+        assert _count(lake, "SELECT count(*) FROM selections WHERE round = ?", [r]) == curated
+
+    # round 1 followed round 0's pass rates: solved prompts skipped, hard ones got 6
+    rates = dict(
+        lake.query("SELECT prompt_id, pass_rate FROM prompt_difficulty WHERE round = 0").rows()
+    )
+    got = dict(
+        lake.query(
+            f"""SELECT prompt_id, count(*) FROM candidates
+                WHERE round = 1 AND NOT hinted AND run_id IN ({CURATED}) GROUP BY 1"""
+        ).rows()
+    )
+    want = {p: (6 if rate < 0.5 else 4) for p, rate in rates.items() if rate < 1.0}
+    assert got == want
+
+    # hinted candidates only for prompts none of whose unhinted candidates passed
+    hinted = lake.query(
+        f"""SELECT round, prompt_id, count(*) AS n FROM candidates
+            WHERE hinted AND run_id IN ({CURATED}) GROUP BY ALL"""
+    ).to_dicts()
+    unsolved = lake.query(
+        "SELECT round, prompt_id FROM prompt_difficulty WHERE kind = 'all_fail'"
+    ).rows()
+    assert {(h["round"], h["prompt_id"]) for h in hinted} == set(unsolved)
+    assert all(h["n"] == 2 for h in hinted)
+
+    # one model per round, evaluated with every k, base model as round 0
+    for r in (1, 2):
+        assert (lake.root / "models" / "e2e" / f"round-{r}" / "model" / "config.json").exists()
+    evals = lake.query(
+        "SELECT round, metric FROM evals WHERE task = 'all' AND split = 'eval' ORDER BY 1, 2"
+    ).rows()
+    assert evals == [(r, m) for r in (0, 1, 2) for m in ("pass@1", "pass@4")]
+    assert _count(lake, "SELECT count(DISTINCT run_id) FROM train_metrics") == 2
+    assert "round r's pass@k is model r" in first.stdout
+
+    # re-running the same command samples, trains and evaluates nothing new
+    before = {
+        t: lake.count(t) for t in ("candidates", "verdicts", "selections", "train_metrics", "evals")
+    }
+    again = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert {t: lake.count(t) for t in before} == before
+    assert again.stderr.count("already trained") == 2
+    assert "starting the vLLM engine" not in again.stderr
+
+
+def test_rationalized_samples_are_flagged_and_train_without_the_hint(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    from thresher.stores.export import sft_rows
+    from thresher.trainers.data import encode
+
+    lake = _lake(tmp_path)
+    hint = "{prompt} (Hint: the answer is {answer}.)"
+    config = {
+        "name": "rationalize",
+        "model": str(tiny_model),
+        "prompts": {"dataset": "arith", "split": "train", "limit": 40},
+        "sampling": {"k": 1, "temperature": 1.0, "top_p": 1.0, "max_tokens": 24},
+        "engine": {"dtype": "float32", "max_model_len": 256},
+        "verify": {"verifiers": ["math"]},
+        "select": {"cap": 8, "near_dup": False, "decontaminate": {"enabled": False}},
+        "rationalize": {"enabled": True, "k": 8, "hint": hint, "max_share": None},
+    }
+    path = tmp_path / "curate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = _thresher("curate", "-c", str(path), "--lake", str(lake.root))
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    outcomes = lake.query(
+        """SELECT c.prompt_id, c.hinted, s.drop_reason IS DISTINCT FROM 'failed' AS passed
+           FROM candidates c JOIN selections s USING (candidate_id)"""
+    ).to_dicts()
+    failed_plain = {o["prompt_id"] for o in outcomes if not o["hinted"] and not o["passed"]}
+    hinted = [o for o in outcomes if o["hinted"]]
+    assert failed_plain, "every prompt passed at k=1: nothing to rationalize"
+    assert {o["prompt_id"] for o in hinted} == failed_plain
+    assert len(hinted) == 8 * len(failed_plain)
+
+    rows = [r for r in sft_rows(lake, 0) if r["hinted"]]
+    assert rows, "no hinted candidate passed"
+    prompts = dict(lake.query("SELECT prompt_id, prompt FROM prompts").rows())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    for row in rows:
+        question = row["messages"][0]["content"]
+        assert question == prompts[row["prompt_id"]] and "Hint" not in question
+        prompt_ids, _ = encode(row, tokenizer)
+        trained_prompt = tokenizer.decode(prompt_ids)
+        assert question in trained_prompt and "Hint" not in trained_prompt
