@@ -260,6 +260,9 @@ def eval_cmd(
     round_: Annotated[int, typer.Option("--round", help="Round this model belongs to.")] = 0,
     limit: Annotated[int | None, typer.Option(help="At most this many prompts.")] = None,
     dtype: Annotated[str, typer.Option(help="Engine dtype.")] = "auto",
+    max_model_len: Annotated[
+        int | None, typer.Option(help="Engine context length (default: the model's).")
+    ] = None,
     lake: LakeOption = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
@@ -280,7 +283,7 @@ def eval_cmd(
             ks=k or [1, 8],
             prompts={"dataset": dataset, "split": split.value, "limit": limit},
             sampling={"k": 1, "temperature": temperature, "max_tokens": max_tokens},
-            engine={"dtype": dtype},
+            engine={"dtype": dtype, "max_model_len": max_model_len},
             verify={"verifiers": verifier or ["math"]},
         )
     except (ValidationError, ValueError) as e:

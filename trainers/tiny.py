@@ -6,12 +6,14 @@ import json
 import random
 from pathlib import Path
 
-# The assistant's answer follows "assistant:" directly and ends with EOS, exactly as the
-# model samples it (its answers start with a space), so training on sampled answers
-# reproduces the sampled text instead of adding a space and a newline each round.
+# The assistant's answer follows "assistant:" and ends with EOS, exactly as the model
+# samples it (its answers start with a space), so training on sampled answers reproduces
+# the sampled text instead of adding a space and a newline each round. An answer written
+# without the leading space gets one.
 CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'assistant' %}"
-    "assistant:{{ m['content'] }}{{ eos_token }}"
+    "assistant:{% if not m['content'].startswith(' ') %} {% endif %}"
+    "{{ m['content'] }}{{ eos_token }}"
     "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
