@@ -170,7 +170,16 @@ def train(
     pad = tokenizer.pad_token_id
     tokens_done, last_loss, last_eval = 0, None, None
     start = time.perf_counter()
-    bar = tqdm(total=total, initial=step, unit="step", desc="train", disable=not progress)
+    # a log file (not a terminal) gets a line every 10 s instead of one per step
+    every = 0.1 if sys.stderr.isatty() else 10.0
+    bar = tqdm(
+        total=total,
+        initial=step,
+        unit="step",
+        desc="train",
+        disable=not progress,
+        mininterval=every,
+    )
     model.train()
     while step < total:
         epoch = step // per_epoch
@@ -212,8 +221,10 @@ def train(
                 row["eval_loss"] = last_eval = evaluate(model, eval_set, pad, spec.batch_size)
             if on_metrics and (step % spec.log_every == 0 or step == total or row["eval_loss"]):
                 on_metrics([row])
+            bar.set_postfix(
+                loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
+            )
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
             if step % spec.save_every == 0 or step == total:
                 _save_checkpoint(out, step, model, opt, sched, spec)
             if step >= total:
