@@ -24,7 +24,15 @@ def bootstrap_run_id(cfg: BootstrapConfig) -> str:
     return content_id(
         "bootstrap",
         cfg.model_dump(
-            exclude={"lake", "batch_size", "engine", "max_rounds", "min_gain", "patience"}
+            exclude={
+                "lake",
+                "batch_size",
+                "timeout_s",
+                "engine",
+                "max_rounds",
+                "min_gain",
+                "patience",
+            }
         ),
     )
 
@@ -50,14 +58,21 @@ def _metrics_line(metrics: list[dict]) -> str:
     return ", ".join(f"{m['metric']} {m['value']:.3f}" for m in metrics if m["task"] == "all")
 
 
-@flow(name="bootstrap")
+def bootstrap_run_name() -> str:
+    """e.g. 'bootstrap demo word-problems'."""
+    from prefect.runtime import flow_run
+
+    c = flow_run.parameters.get("config", {})
+    return f"bootstrap {c.get('name', '?')} {(c.get('prompts') or {}).get('dataset', '?')}"
+
+
+@flow(name="bootstrap", flow_run_name=bootstrap_run_name)
 def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
-    from thresher.flows.curate import curate_flow
+    from thresher.flows.curate import curate_flow, stop_engine
     from thresher.flows.evaluate import eval_flow
     from thresher.flows.train import train_flow
-    from thresher.samplers.vllm_offline import shutdown_engine
     from thresher.stores.runs import tracked_run
 
     cfg = BootstrapConfig(**config)
@@ -84,7 +99,7 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
                 f"{curated['candidates']} candidates, {curated['passed']} passed, "
                 f"kept {curated['kept']}"
             )
-            shutdown_engine()  # training wants the memory and the cores
+            stop_engine()  # training wants the device, its memory and the cores
             trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
             if trained.get("already_trained"):
                 _say(f"round {r}: model {r + 1} already trained ({trained['model_dir']})")
@@ -120,21 +135,34 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
             if stale >= cfg.patience:
                 stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
                 break
-        shutdown_engine()
+        stop_engine()
         summary.update(run_id=run_id, rounds=rounds, evals=history, stopped=stop)
         _say(f"stopped: {stop}")
+        publish_bootstrap(cfg, lake, stop)
     return summary
+
+
+def publish_bootstrap(cfg: BootstrapConfig, lake: Lake, stop: str) -> None:
+    """Held-out pass@k and the funnel per round, as a Prefect artifact."""
+    from thresher.flows.artifacts import publish
+    from thresher.stores.report import round_table
+
+    publish(
+        f"bootstrap-{cfg.name}",
+        f"bootstrap {cfg.name}: {stop}",
+        round_table(lake, cfg.name).to_dicts(),
+        "Round r's pass@k is model r (round 0: the base model).",
+    )
 
 
 def run_bootstrap(
     cfg: BootstrapConfig, lake_root: str | Path, progress: bool = True
 ) -> dict[str, Any]:
     """Run the bootstrap flow for a validated config, then stop the engine it started."""
-    from thresher.flows.curate import quiet_task_logs
-    from thresher.samplers.vllm_offline import shutdown_engine
+    from thresher.flows.curate import quiet_task_logs, stop_engine
 
     quiet_task_logs(flows=True)
     try:
         return bootstrap_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
-        shutdown_engine()
+        stop_engine()

@@ -197,6 +197,9 @@ class CurateConfig(_Strict):
     round: int = Field(0, ge=0)
     lake: str | None = Field(None, description="lake folder (else --lake / THRESHER_LAKE)")
     batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
+    timeout_s: float | None = Field(
+        None, gt=0, description="most seconds one batch's sampling may take (then retried)"
+    )
     prompts: PromptsConfig
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -346,6 +349,9 @@ class BootstrapConfig(_Strict):
     base_model: str = Field(description="local model folder: model 0")
     lake: str | None = None
     batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
+    timeout_s: float | None = Field(
+        None, gt=0, description="most seconds one batch's sampling may take (then retried)"
+    )
     max_rounds: int = Field(3, ge=1, description="rounds to run (each trains one model)")
     min_gain: float = Field(
         0.01, description="held-out pass@1 gain over the best earlier model that counts"
@@ -371,6 +377,7 @@ class BootstrapConfig(_Strict):
             round=round_,
             lake=self.lake,
             batch_size=self.batch_size,
+            timeout_s=self.timeout_s,
             prompts=self.prompts,
             sampling=self.sampling,
             engine=self.engine,

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
 
 from thresher.flows.config import CurateConfig
 from thresher.ids import content_id
@@ -18,6 +19,31 @@ class NothingToCurate(ValueError):
     """The config selects no prompts."""
 
 
+def transient(task, task_run, state) -> bool:
+    """Retry only what a retry can fix: a server's connection errors and timeouts."""
+    import httpx
+
+    from thresher.samplers.openai_server import ServerError
+
+    try:
+        state.result()
+    except (ServerError, httpx.TransportError, ConnectionError, TimeoutError):
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+# Sampling, rationalizing and verifying a batch are idempotent (ids are content hashes),
+# so a retry redoes only what is missing.
+RETRY = dict(
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+    retry_jitter_factor=0.5,
+    retry_condition_fn=transient,
+)
+
+
 def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
     """The parameters that make a candidate what it is (k is not: raising k tops up)."""
     return cfg.sampling.model_dump(exclude={"k"})
@@ -25,10 +51,12 @@ def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
 
 def run_id_for(cfg: CurateConfig) -> str:
     """Same pipeline settings, same run: re-running resumes it."""
-    return content_id("curate", cfg.model_dump(exclude={"lake", "batch_size", "engine"}))
+    return content_id(
+        "curate", cfg.model_dump(exclude={"lake", "batch_size", "engine", "timeout_s"})
+    )
 
 
-@task(name="sample", cache_policy=NO_CACHE)
+@task(name="sample", cache_policy=NO_CACHE, **RETRY)
 def sample_batch(
     lake_root: str,
     cfg: CurateConfig,
@@ -90,7 +118,7 @@ def _sample_missing(
     return written, seconds
 
 
-@task(name="rationalize", cache_policy=NO_CACHE)
+@task(name="rationalize", cache_policy=NO_CACHE, **RETRY)
 def rationalize_batch(lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict]) -> int:
     """Sample the batch's unsolved prompts again with the reference answer as a hint."""
     import json
@@ -173,9 +201,12 @@ def _raw_sampler(cfg: CurateConfig):
 
 
 def engine_for(cfg: CurateConfig):
-    """The process's vLLM engine for this config (started on first use)."""
+    """The process's vLLM engine for this config (started on first use); the engine holds
+    a device slot until `stop_engine`."""
+    from thresher.flows.slots import hold_for_engine
     from thresher.samplers.vllm_offline import get_engine, lora_rank
 
+    hold_for_engine()
     e = cfg.engine
     return get_engine(
         cfg.model,
@@ -189,7 +220,10 @@ def engine_for(cfg: CurateConfig):
     )
 
 
-@task(name="verify", cache_policy=NO_CACHE)
+DEVICE_VERIFIERS = {"reward"}  # verifiers that run a model on the accelerator
+
+
+@task(name="verify", cache_policy=NO_CACHE, **RETRY)
 def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
     """Score the batch's unscored candidates with the verifiers of each prompt's task."""
     import polars as pl
@@ -206,7 +240,14 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        verdicts = get_verifier(name, v.options.get(name)).run(todo)
+        verifier = get_verifier(name, v.options.get(name))
+        if name in DEVICE_VERIFIERS:
+            from thresher.flows.slots import gpu_slot
+
+            with gpu_slot(name):
+                verdicts = verifier.run(todo)
+        else:
+            verdicts = verifier.run(todo)
         verdicts = verdicts.with_columns(
             pl.lit(run_id).alias("run_id"), pl.lit(now()).alias("created_at")
         )
@@ -296,7 +337,20 @@ def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, 
     return plan_k(ids, cfg.sampling.k, rates, d.skip_solved_above, d.hard_below, d.hard_k)
 
 
-@flow(name="curate")
+def _run_name(kind: str) -> str:
+    from prefect.runtime import flow_run
+
+    c = flow_run.parameters.get("config", {})
+    dataset = (c.get("prompts") or {}).get("dataset", "?")
+    return f"{kind} {c.get('name', '?')} {dataset} round {c.get('round', 0)}"
+
+
+def curate_run_name() -> str:
+    """e.g. 'curate demo word-problems round 0'."""
+    return _run_name("curate")
+
+
+@flow(name="curate", flow_run_name=curate_run_name)
 def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Sample, verify and select one round for the prompts the config names."""
     from tqdm.auto import tqdm
@@ -314,10 +368,11 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
         sampled, sampling_s = 0, 0.0
         quiet_task_logs()
+        sample = sample_batch.with_options(timeout_seconds=cfg.timeout_s)
         with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
             for batch in batched(todo, cfg.batch_size):
                 ids = [r["prompt_id"] for r in batch]
-                written, seconds = sample_batch(lake_root, cfg, run_id, batch, ks)
+                written, seconds = sample(lake_root, cfg, run_id, batch, ks)
                 sampled, sampling_s = sampled + written, sampling_s + seconds
                 verify_batch(lake_root, cfg, run_id, ids)
                 if cfg.rationalize.enabled:
@@ -332,7 +387,32 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         summary["skipped_solved"] = sum(k == 0 for k in ks.values())
         if cfg.difficulty.hard_k:
             summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
+        publish_curate(cfg, summary)
     return summary
+
+
+def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:
+    """The run's funnel as a Prefect artifact (Artifacts page, flow run page)."""
+    from thresher.flows.artifacts import publish
+
+    keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "passed", "too_easy")
+    keys += ("contaminated", "duplicates", "capped", "kept")
+    publish(
+        f"curate-{cfg.name}-round-{cfg.round}",
+        f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",
+        [{k: summary.get(k) for k in keys if summary.get(k) is not None}],
+    )
+
+
+def stop_engine() -> None:
+    """Shut the process's engine down and give its device slot back."""
+    from thresher.flows.slots import release_engine_slot
+    from thresher.samplers.vllm_offline import shutdown_engine
+
+    try:
+        shutdown_engine()
+    finally:
+        release_engine_slot()
 
 
 def quiet_task_logs(flows: bool = False) -> None:
@@ -347,9 +427,7 @@ def quiet_task_logs(flows: bool = False) -> None:
 
 def run_curate(cfg: CurateConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the curate flow for a validated config, then stop the engine it started."""
-    from thresher.samplers.vllm_offline import shutdown_engine
-
     try:
         return curate_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
-        shutdown_engine()
+        stop_engine()

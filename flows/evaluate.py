@@ -11,7 +11,14 @@ from thresher.flows.config import EvalConfig
 from thresher.stores.lake import Lake, now
 
 
-@flow(name="evaluate")
+def eval_run_name() -> str:
+    """e.g. 'eval demo word-problems round 1'."""
+    from thresher.flows.curate import _run_name
+
+    return _run_name("eval")
+
+
+@flow(name="evaluate", flow_run_name=eval_run_name)
 def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
     from tqdm.auto import tqdm
@@ -53,16 +60,22 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         summary.update(
             run_id=run_id, round=cfg.round, prompts=n_prompts, samples=cfg.n, metrics=metrics
         )
+        from thresher.flows.artifacts import publish
+
+        publish(
+            f"eval-{cfg.name}-round-{cfg.round}",
+            f"held-out eval of {cur.model_id} (round {cfg.round}, {n_prompts} prompts x {cfg.n})",
+            [{"task": m["task"], "metric": m["metric"], "value": m["value"]} for m in metrics],
+        )
     return summary
 
 
 def run_eval(cfg: EvalConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the eval flow, then stop the engine it started."""
-    from thresher.flows.curate import quiet_task_logs
-    from thresher.samplers.vllm_offline import shutdown_engine
+    from thresher.flows.curate import quiet_task_logs, stop_engine
 
     quiet_task_logs()
     try:
         return eval_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
-        shutdown_engine()
+        stop_engine()

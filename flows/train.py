@@ -62,7 +62,15 @@ def finished_training(lake: Lake, cfg: TrainConfig) -> dict[str, Any] | None:
     return summary
 
 
-@flow(name="train")
+def train_run_name() -> str:
+    """e.g. 'train demo model 2'."""
+    from prefect.runtime import flow_run
+
+    c = flow_run.parameters.get("config", {})
+    return f"train {c.get('name', '?')} model {c.get('round', 0) + 1}"
+
+
+@flow(name="train", flow_run_name=train_run_name)
 def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
@@ -116,7 +124,10 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
                 "train_metrics", [{**r, "run_id": run_id, "created_at": stamp} for r in rows_]
             )
 
-        result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
+        from thresher.flows.slots import gpu_slot
+
+        with gpu_slot("train"):
+            result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
         summary.update(
             {
                 "run_id": run_id,

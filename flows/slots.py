@@ -1,0 +1,87 @@
+"""One device, many stages: a Prefect global concurrency limit around the work that needs
+the accelerator (a local vLLM engine, reward-model scoring, training).
+
+Scheduled runs then queue for the device instead of fighting over its memory. The limit
+is named `gpu` (THRESHER_GPU_LIMIT) with THRESHER_GPU_SLOTS slots (default 1), created on
+first use. A local vLLM engine holds its slot for as long as it lives, since it keeps
+the device's memory between batches. Slots are re-entrant per thread: a reward model
+scored while this thread's engine holds the slot does not wait for itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+_local = threading.local()
+_created: set[str] = set()
+_engine_slot: dict[str, ExitStack | None] = {"stack": None}
+
+
+def limit_name() -> str:
+    """The global concurrency limit's name."""
+    return os.environ.get("THRESHER_GPU_LIMIT", "gpu")
+
+
+def ensure_limit(name: str | None = None, slots: int | None = None) -> str:
+    """Create the limit on the Prefect server unless it exists; returns its name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    name = name or limit_name()
+    if name in _created:
+        return name
+    slots = slots or int(os.environ.get("THRESHER_GPU_SLOTS", "1"))
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=slots)
+                )
+            except ObjectAlreadyExists:
+                pass  # another process created it first
+    _created.add(name)
+    return name
+
+
+@contextmanager
+def gpu_slot(stage: str = "") -> Iterator[None]:
+    """Hold one slot of the device limit while the body runs (re-entrant per thread)."""
+    depth = getattr(_local, "depth", 0)
+    if depth:
+        _local.depth = depth + 1
+        try:
+            yield
+        finally:
+            _local.depth -= 1
+        return
+    from prefect.concurrency.sync import concurrency
+
+    name = ensure_limit()
+    with concurrency(name, occupy=1, strict=True):
+        _local.depth = 1
+        try:
+            yield
+        finally:
+            _local.depth = 0
+
+
+def hold_for_engine() -> None:
+    """Take a slot for this process's engine (no-op if it holds one already)."""
+    if _engine_slot["stack"] is not None:
+        return
+    stack = ExitStack()
+    stack.enter_context(gpu_slot("engine"))
+    _engine_slot["stack"] = stack
+
+
+def release_engine_slot() -> None:
+    """Give back the engine's slot (after the engine is shut down)."""
+    stack, _engine_slot["stack"] = _engine_slot["stack"], None
+    if stack is not None:
+        stack.close()
