@@ -160,9 +160,11 @@ def run_bootstrap(
 ) -> dict[str, Any]:
     """Run the bootstrap flow for a validated config, then stop the engine it started."""
     from thresher.flows.curate import quiet_task_logs, stop_engine
+    from thresher.flows.runtime import flow_settings
 
     quiet_task_logs(flows=True)
     try:
-        return bootstrap_flow(cfg.model_dump(), str(lake_root), progress)
+        with flow_settings():
+            return bootstrap_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
         stop_engine()

@@ -427,7 +427,10 @@ def quiet_task_logs(flows: bool = False) -> None:
 
 def run_curate(cfg: CurateConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the curate flow for a validated config, then stop the engine it started."""
+    from thresher.flows.runtime import flow_settings
+
     try:
-        return curate_flow(cfg.model_dump(), str(lake_root), progress)
+        with flow_settings():
+            return curate_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
         stop_engine()

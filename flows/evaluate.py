@@ -73,9 +73,11 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
 def run_eval(cfg: EvalConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the eval flow, then stop the engine it started."""
     from thresher.flows.curate import quiet_task_logs, stop_engine
+    from thresher.flows.runtime import flow_settings
 
     quiet_task_logs()
     try:
-        return eval_flow(cfg.model_dump(), str(lake_root), progress)
+        with flow_settings():
+            return eval_flow(cfg.model_dump(), str(lake_root), progress)
     finally:
         stop_engine()

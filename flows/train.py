@@ -150,6 +150,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
 def run_train(cfg: TrainConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the train flow for a validated config."""
     from thresher.flows.curate import quiet_task_logs
+    from thresher.flows.runtime import flow_settings
 
     quiet_task_logs()
-    return train_flow(cfg.model_dump(), str(lake_root), progress)
+    with flow_settings():
+        return train_flow(cfg.model_dump(), str(lake_root), progress)

@@ -1,0 +1,153 @@
+"""Orchestration overhead: a whole curate round as a Prefect flow against direct calls
+of the same library functions.
+
+Both sides do the same work on the same engine: load the prompts, plan k per prompt,
+then per batch sample (vLLM), verify (math) and select (dedup, cap), then summarise the
+run, into a fresh lake each time. The flow side is `curate_flow` itself: a flow run,
+three Prefect tasks per batch, the run recorded in `runs`, a markdown artifact. The
+direct side calls the tasks' underlying functions (`task.fn`) in a plain loop. The
+temporary Prefect server's one-off start is measured first and reported separately.
+Repeats alternate the two sides; medians are compared. Prints
+`orchestration overhead ratio: X` (flow time / direct time).
+
+    .venv/bin/python bench/orchestration.py [--prompts 1000] [--k 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=250)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
+    args = parser.parse_args()
+
+    import os
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from prefect import flow
+
+    from thresher.flows.config import CurateConfig
+    from thresher.flows.curate import (
+        batched,
+        curate_flow,
+        engine_for,
+        prompt_rows,
+        quiet_task_logs,
+        run_id_for,
+        sample_batch,
+        sampling_plan,
+        select_batch,
+        stop_engine,
+        verify_batch,
+    )
+    from thresher.flows.runtime import flow_settings
+    from thresher.stores.ingest import ingest
+    from thresher.stores.lake import Lake
+    from thresher.stores.queries import run_summary
+    from thresher.trainers.tiny import make_word_problem_model, word_problems
+
+    if not (Path(args.model) / "config.json").exists():
+        make_word_problem_model(args.model)
+    tmp = Path(tempfile.mkdtemp(prefix="thresher-bench-orch-"))
+    source = tmp / "prompts.jsonl"
+    rows = word_problems({"train": args.prompts}, seed=1)
+    source.write_text(
+        "".join(
+            json.dumps({"prompt": r["prompt"], "answer": r["answer"], "task": "arithmetic"}) + "\n"
+            for r in rows
+        )
+    )
+    cfg = CurateConfig(
+        name="bench-orchestration",
+        model=args.model,
+        batch_size=args.batch_size,
+        prompts={"dataset": "bench"},
+        sampling={"k": args.k, "temperature": 1.0, "top_p": 1.0, "max_tokens": args.max_tokens},
+        engine={"dtype": "float32", "max_model_len": 256},
+        verify={"verifiers": ["math"]},
+        select={"cap": 4, "decontaminate": {"enabled": False}},
+    )
+    quiet_task_logs()
+
+    def fresh_lake() -> Lake:
+        lake = Lake(Path(tempfile.mkdtemp(dir=tmp)) / "lake")
+        ingest(lake, source, dataset="bench")
+        return lake
+
+    def direct() -> tuple[float, int]:
+        lake = fresh_lake()
+        root, run_id = str(lake.root), run_id_for(cfg)
+        start = time.perf_counter()
+        prompts = prompt_rows(lake, cfg)
+        ks = sampling_plan(lake, cfg, prompts)
+        for batch in batched(prompts, cfg.batch_size):
+            ids = [r["prompt_id"] for r in batch]
+            sample_batch.fn(root, cfg, run_id, batch, ks)
+            verify_batch.fn(root, cfg, run_id, ids)
+            select_batch.fn(root, cfg, run_id, ids)
+        summary = run_summary(lake, run_id, cfg.round)
+        return time.perf_counter() - start, summary["candidates"]
+
+    def as_flow() -> tuple[float, int]:
+        lake = fresh_lake()
+        start = time.perf_counter()
+        with flow_settings():  # what `thresher curate` (run_curate) runs the flow with
+            summary = curate_flow(cfg.model_dump(), str(lake.root), False)
+        return time.perf_counter() - start, summary["candidates"]
+
+    @flow(name="bench-noop")
+    def noop() -> None:
+        return None
+
+    start = time.perf_counter()
+    noop()  # starts Prefect's temporary server (unless PREFECT_API_URL points at one)
+    server_start = time.perf_counter() - start
+    start = time.perf_counter()
+    with flow_settings():
+        noop()
+    empty_flow = time.perf_counter() - start
+    engine_for(cfg)  # one engine for both sides, started outside the timings
+    direct()  # warm-up: math-verify caches, DuckDB, the engine's prefix cache
+    flow_runs, direct_runs = [], []
+    try:
+        for _ in range(args.repeats):
+            flow_runs.append(as_flow())
+            direct_runs.append(direct())
+    finally:
+        stop_engine()
+    counts = {n for _, n in flow_runs + direct_runs}
+    assert counts == {args.prompts * args.k}, f"sides wrote different candidate counts: {counts}"
+    flow_t = statistics.median(t for t, _ in flow_runs)
+    direct_t = statistics.median(t for t, _ in direct_runs)
+    batches = -(-args.prompts // args.batch_size)
+    print(
+        f"prompts {args.prompts}, k {args.k}, candidates per run {args.prompts * args.k}, "
+        f"{batches} batches x 3 tasks, repeats {args.repeats}"
+    )
+    print(f"temporary Prefect server start (once per process): {server_start:.2f} s")
+    print(f"an empty flow run: {empty_flow:.2f} s")
+    print(
+        f"direct library calls: {direct_t:.2f} s median ({[round(t, 2) for t, _ in direct_runs]})"
+    )
+    print(
+        f"curate as a Prefect flow: {flow_t:.2f} s median ({[round(t, 2) for t, _ in flow_runs]})"
+    )
+    print(f"orchestration overhead ratio: {flow_t / direct_t:.3f}")
+
+
+if __name__ == "__main__":
+    main()
