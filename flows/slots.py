@@ -60,10 +60,22 @@ def gpu_slot(stage: str = "") -> Iterator[None]:
         finally:
             _local.depth -= 1
         return
+    import sys
+
     from prefect.concurrency.sync import concurrency
 
     name = ensure_limit()
-    with concurrency(name, occupy=1, strict=True):
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=2))
+        except TimeoutError:
+            print(
+                f"{stage or 'stage'}: waiting for a free '{name}' slot, held by another run "
+                f"(prefect gcl inspect {name})",
+                file=sys.stderr,
+                flush=True,
+            )
+            stack.enter_context(concurrency(name, occupy=1, strict=True))
         _local.depth = 1
         try:
             yield
