@@ -70,7 +70,7 @@ def bootstrap_run_name() -> str:
 def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
-    from thresher.flows.curate import curate_flow, stop_engine
+    from thresher.flows.curate import curate_flow, deployment_cleanup, stop_engine
     from thresher.flows.evaluate import eval_flow
     from thresher.flows.train import train_flow
     from thresher.stores.runs import tracked_run
@@ -79,7 +79,7 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
     lake = Lake(lake_root)
     run_id = bootstrap_run_id(cfg)
     run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=config)
-    with tracked_run(lake, run_id, **run) as summary:
+    with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
         if cfg.train.output == "adapter":
             raise ValueError(
                 "bootstrap samples with each round's model: train.output must be merged or both"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -362,7 +364,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     lake = Lake(lake_root)
     run_id = run_id_for(cfg)
     run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
-    with tracked_run(lake, run_id, **run) as summary:
+    with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
         rows = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, rows)
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
@@ -402,6 +404,22 @@ def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:
         f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",
         [{k: summary.get(k) for k in keys if summary.get(k) is not None}],
     )
+
+
+@contextmanager
+def deployment_cleanup() -> Iterator[None]:
+    """A deployment's run (scheduled, triggered, served or on a worker) stops its engine
+    when it ends, giving the device slot back; `thresher` commands do it themselves,
+    and a subflow leaves the engine to its parent (bootstrap reuses it)."""
+    try:
+        yield
+    finally:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = ctx.flow_run if ctx else None
+        if run is not None and run.deployment_id and run.parent_task_run_id is None:
+            stop_engine()
 
 
 def stop_engine() -> None:

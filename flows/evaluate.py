@@ -23,7 +23,13 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
     from tqdm.auto import tqdm
 
-    from thresher.flows.curate import prompt_batches, run_id_for, sample_batch, verify_batch
+    from thresher.flows.curate import (
+        deployment_cleanup,
+        prompt_batches,
+        run_id_for,
+        sample_batch,
+        verify_batch,
+    )
     from thresher.stores.passk import pass_at_ks, pass_counts
     from thresher.stores.runs import tracked_run
 
@@ -32,7 +38,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     lake = Lake(lake_root)
     run_id = run_id_for(cur)
     run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
-    with tracked_run(lake, run_id, **run) as summary:
+    with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
         batches = prompt_batches(lake, cur)
         n_prompts = sum(len(b) for b in batches)
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
