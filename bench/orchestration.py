@@ -10,7 +10,11 @@ temporary Prefect server's one-off start is measured first and reported separate
 Repeats alternate the two sides; medians are compared. Prints
 `orchestration overhead ratio: X` (flow time / direct time).
 
-    .venv/bin/python bench/orchestration.py [--prompts 1000] [--k 8] [--repeats 3]
+    .venv/bin/python bench/orchestration.py [--prompts 4000] [--k 1] [--repeats 5]
+
+Greedy sampling by default, so every run samples, verifies and selects the same texts
+(with temperature > 0 the engine's random state moves on between runs and the work
+itself varies by more than the overhead being measured).
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=1000)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=250)
+    parser.add_argument("--prompts", type=int, default=4000)
+    parser.add_argument("--k", type=int, default=1)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (greedy): every run does the same work"
+    )
+    parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
     args = parser.parse_args()
 
@@ -76,7 +83,12 @@ def main() -> None:
         model=args.model,
         batch_size=args.batch_size,
         prompts={"dataset": "bench"},
-        sampling={"k": args.k, "temperature": 1.0, "top_p": 1.0, "max_tokens": args.max_tokens},
+        sampling={
+            "k": args.k,
+            "temperature": args.temperature,
+            "top_p": 1.0,
+            "max_tokens": args.max_tokens,
+        },
         engine={"dtype": "float32", "max_model_len": 256},
         verify={"verifiers": ["math"]},
         select={"cap": 4, "decontaminate": {"enabled": False}},

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
+from prefect.utilities.annotations import quote
 
 from thresher.flows.config import CurateConfig
 from thresher.ids import content_id
@@ -371,16 +372,20 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         sampled, sampling_s = 0, 0.0
         quiet_task_logs()
         sample = sample_batch.with_options(timeout_seconds=cfg.timeout_s)
+        cfg_q, ks_q = quote(cfg), quote(ks)
         with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
             for batch in batched(todo, cfg.batch_size):
                 ids = [r["prompt_id"] for r in batch]
-                written, seconds = sample(lake_root, cfg, run_id, batch, ks)
+                # quote(): Prefect would otherwise walk every prompt of the batch
+                # looking for futures to resolve, which costs more than the task itself
+                batch_q, ids_q = quote(batch), quote(ids)
+                written, seconds = sample(lake_root, cfg_q, run_id, batch_q, ks_q)
                 sampled, sampling_s = sampled + written, sampling_s + seconds
-                verify_batch(lake_root, cfg, run_id, ids)
+                verify_batch(lake_root, cfg_q, run_id, ids_q)
                 if cfg.rationalize.enabled:
-                    sampled += rationalize_batch(lake_root, cfg, run_id, batch)
-                    verify_batch(lake_root, cfg, run_id, ids)
-                select_batch(lake_root, cfg, run_id, ids)
+                    sampled += rationalize_batch(lake_root, cfg_q, run_id, batch_q)
+                    verify_batch(lake_root, cfg_q, run_id, ids_q)
+                select_batch(lake_root, cfg_q, run_id, ids_q)
                 bar.update(len(batch))
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")

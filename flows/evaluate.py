@@ -21,6 +21,7 @@ def eval_run_name() -> str:
 @flow(name="evaluate", flow_run_name=eval_run_name)
 def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
+    from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 
     from thresher.flows.curate import (
@@ -43,8 +44,9 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         n_prompts = sum(len(b) for b in batches)
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
             for batch in batches:
-                sample_batch(lake_root, cur, run_id, batch)
-                verify_batch(lake_root, cur, run_id, [r["prompt_id"] for r in batch])
+                ids = [r["prompt_id"] for r in batch]
+                sample_batch(lake_root, quote(cur), run_id, quote(batch))
+                verify_batch(lake_root, quote(cur), run_id, quote(ids))
                 bar.update(len(batch))
         metrics = pass_at_ks(pass_counts(lake, run_id, cfg.verify.rule), cfg.ks)
         stamp = now()
