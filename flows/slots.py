@@ -5,7 +5,8 @@ Scheduled runs then queue for the device instead of fighting over its memory. Th
 is named `gpu` (THRESHER_GPU_LIMIT) with THRESHER_GPU_SLOTS slots (default 1), created on
 first use. A local vLLM engine holds its slot for as long as it lives, since it keeps
 the device's memory between batches. Slots are re-entrant per thread: a reward model
-scored while this thread's engine holds the slot does not wait for itself.
+scored while this thread's engine holds the slot does not wait for itself. Only with a
+Prefect server (PREFECT_API_URL): that is where scheduled runs share a device.
 """
 
 from __future__ import annotations
@@ -16,8 +17,22 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 _local = threading.local()
+# A killed process cannot release its slot; the server frees it when the lease runs out.
+# Short leases (renewed in the background while held) keep a crash from blocking the
+# device for long.
+LEASE_S = 60.0  # the server's minimum
 _created: set[str] = set()
 _engine_slot: dict[str, ExitStack | None] = {"stack": None}
+
+
+def shared_server() -> bool:
+    """Whether a Prefect server outlives this process (PREFECT_API_URL is set).
+
+    The temporary server of a command without one does not expire the leases of killed
+    processes, so a crash would hold the slot for good: without a server, no limit."""
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())
 
 
 def limit_name() -> str:
@@ -53,6 +68,9 @@ def ensure_limit(name: str | None = None, slots: int | None = None) -> str:
 def gpu_slot(stage: str = "") -> Iterator[None]:
     """Hold one slot of the device limit while the body runs (re-entrant per thread)."""
     depth = getattr(_local, "depth", 0)
+    if not depth and not shared_server():
+        yield  # no server that outlives this process: nothing to share the device with
+        return
     if depth:
         _local.depth = depth + 1
         try:
@@ -67,7 +85,9 @@ def gpu_slot(stage: str = "") -> Iterator[None]:
     name = ensure_limit()
     with ExitStack() as stack:
         try:
-            stack.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=2))
+            stack.enter_context(
+                concurrency(name, occupy=1, strict=True, timeout_seconds=2, lease_duration=LEASE_S)
+            )
         except TimeoutError:
             print(
                 f"{stage or 'stage'}: waiting for a free '{name}' slot, held by another run "
@@ -75,7 +95,7 @@ def gpu_slot(stage: str = "") -> Iterator[None]:
                 file=sys.stderr,
                 flush=True,
             )
-            stack.enter_context(concurrency(name, occupy=1, strict=True))
+            stack.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=LEASE_S))
         _local.depth = 1
         try:
             yield
