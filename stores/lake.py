@@ -36,6 +36,31 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+# Queries over a selections source (the table, or a filtered part of it, for reports).
+PROMPT_DIFFICULTY_SQL = """
+        SELECT s.round, s.prompt_id, count(*) AS candidates,
+               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
+               avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate,
+               CASE WHEN bool_and(s.drop_reason IS DISTINCT FROM 'failed') THEN 'all_pass'
+                    WHEN bool_and(s.drop_reason IS NOT DISTINCT FROM 'failed') THEN 'all_fail'
+                    ELSE 'mixed' END AS kind
+        FROM {selections} s JOIN candidates c USING (candidate_id)
+        WHERE NOT coalesce(c.hinted, false)
+        GROUP BY s.round, s.prompt_id"""
+ROUND_FUNNEL_SQL = """
+        SELECT s.round, count(*) AS sampled,
+               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
+               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
+               count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
+               count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
+               count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
+               count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
+               count(*) FILTER (WHERE s.drop_reason = 'hint_share') AS hint_share,
+               count(*) FILTER (WHERE s.kept) AS kept,
+               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
+        FROM {selections} s JOIN candidates c USING (candidate_id)
+        GROUP BY s.round ORDER BY s.round"""
+
 # Views built on the base tables: the everyday questions, answered in SQL.
 DERIVED_VIEWS = {
     # One row per candidate: passed when it has verdicts and every verifier passed it.
@@ -65,16 +90,7 @@ DERIVED_VIEWS = {
         GROUP BY o.round ORDER BY o.round""",  # curated candidates: evaluation runs select none
     # Per curated round and prompt, from unhinted candidates: how often the round's model
     # solved it (passed = the selection rule held), and whether it was all-pass / all-fail.
-    "prompt_difficulty": """
-        SELECT s.round, s.prompt_id, count(*) AS candidates,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate,
-               CASE WHEN bool_and(s.drop_reason IS DISTINCT FROM 'failed') THEN 'all_pass'
-                    WHEN bool_and(s.drop_reason IS NOT DISTINCT FROM 'failed') THEN 'all_fail'
-                    ELSE 'mixed' END AS kind
-        FROM selections s JOIN candidates c USING (candidate_id)
-        WHERE NOT coalesce(c.hinted, false)
-        GROUP BY s.round, s.prompt_id""",
+    "prompt_difficulty": PROMPT_DIFFICULTY_SQL.format(selections="selections"),
     # All-pass and all-fail prompts carry no signal about pass-rate changes: count them.
     "difficulty_by_round": """
         SELECT round, count(*) AS prompts,
@@ -84,19 +100,7 @@ DERIVED_VIEWS = {
                round(avg(pass_rate), 4) AS mean_pass_rate
         FROM prompt_difficulty GROUP BY round ORDER BY round""",
     # One row per curated round: how many candidates each stage let through.
-    "round_funnel": """
-        SELECT s.round, count(*) AS sampled,
-               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
-               count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
-               count(*) FILTER (WHERE s.drop_reason = 'hint_share') AS hint_share,
-               count(*) FILTER (WHERE s.kept) AS kept,
-               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
-        FROM selections s JOIN candidates c USING (candidate_id)
-        GROUP BY s.round ORDER BY s.round""",
+    "round_funnel": ROUND_FUNNEL_SQL.format(selections="selections"),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from thresher.stores.lake import Lake
+from thresher.stores.lake import PROMPT_DIFFICULTY_SQL, ROUND_FUNNEL_SQL, Lake
 
 # The funnel and difficulty columns the round table shows beside pass@k.
 ROUND_TABLE_COUNTS = (
@@ -79,37 +79,15 @@ def funnel_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     cte, params = _selections(name)
     return lake.query(
         f"""WITH {cte}
-        SELECT s.round, count(*) AS sampled,
-               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
-               count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
-               count(*) FILTER (WHERE s.drop_reason = 'hint_share') AS hint_share,
-               count(*) FILTER (WHERE s.kept) AS kept,
-               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
-        FROM sel s JOIN candidates c USING (candidate_id)
-        GROUP BY s.round ORDER BY s.round""",
+        {ROUND_FUNNEL_SQL.format(selections="sel")}""",
         params,
     )
 
 
 def _prompt_difficulty(name: str | None) -> tuple[str, list]:
-    # as the `prompt_difficulty` view: unhinted candidates; passed = the selection rule held.
-    # drop_reason is NULL for kept candidates, so all-fail compares with IS NOT DISTINCT FROM
-    # (`= 'failed'` is NULL for them, and bool_and skips NULLs).
+    # the `prompt_difficulty` view's query over this pipeline's selections
     cte, params = _selections(name)
-    sql = f"""WITH {cte}, difficulty AS (
-        SELECT s.round, s.prompt_id, count(*) AS candidates,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate,
-               CASE WHEN bool_and(s.drop_reason IS DISTINCT FROM 'failed') THEN 'all_pass'
-                    WHEN bool_and(s.drop_reason IS NOT DISTINCT FROM 'failed') THEN 'all_fail'
-                    ELSE 'mixed' END AS kind
-        FROM sel s JOIN candidates c USING (candidate_id)
-        WHERE NOT coalesce(c.hinted, false)
-        GROUP BY s.round, s.prompt_id)"""
+    sql = f"""WITH {cte}, difficulty AS ({PROMPT_DIFFICULTY_SQL.format(selections="sel")})"""
     return sql, params
 
 
