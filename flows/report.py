@@ -251,7 +251,7 @@ def _page(
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>Lake <code>{html.escape(str(lake.root.resolve()))}</code>"
+        f"<p>Lake <code>{html.escape(lake.location)}</code>"
         + (f", pipeline <code>{html.escape(name)}</code>" if name is not None else "")
         + f"; written {stamp}.</p>",
         "<h2>Rounds</h2>",

@@ -14,17 +14,19 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from thresher.ids import content_id  # noqa: F401  (re-exported for stores)
 from thresher.stores.schemas import KEYS, SCHEMAS, TABLES
+from thresher.stores.storage import is_url, local_path, open_storage
 
 DEFAULT_LAKE = "./lake"
 
 
-def resolve_lake(path: str | os.PathLike | None = None) -> Path:
-    """The lake folder: `path`, else $THRESHER_LAKE, else ./lake."""
-    return Path(path or os.environ.get("THRESHER_LAKE") or DEFAULT_LAKE)
+def resolve_lake(path: str | os.PathLike | None = None) -> Path | str:
+    """The lake's location: `path`, else $THRESHER_LAKE, else ./lake; a local folder as a
+    Path (file:// URLs included), any other fsspec URL (s3://bucket/prefix) as a string."""
+    location = path or os.environ.get("THRESHER_LAKE") or DEFAULT_LAKE
+    return str(location).rstrip("/") if is_url(location) else local_path(location)
 
 
 def now() -> datetime:
@@ -118,12 +120,32 @@ def _close_databases() -> None:
 
 
 class Lake:
-    """A lake rooted at one folder; every table is a folder of immutable Parquet files."""
+    """A lake rooted at one folder or URL; every table is a folder of immutable Parquet files.
+
+    `root` is the folder (a Path) of a local lake, the URL (a string) of a remote one
+    (s3://bucket/prefix or any fsspec URL); `Lake(lake.root)` opens the same lake.
+    """
 
     def __init__(self, root: str | os.PathLike | None = None, create: bool = True):
         self.root = resolve_lake(root)
+        self.storage = open_storage(self.root)
         if create:
             self.init()
+
+    @property
+    def location(self) -> str:
+        """Where the lake is, for messages and as a key: an absolute folder path or a URL."""
+        return self.storage.location
+
+    @property
+    def remote(self) -> bool:
+        """True when the lake is not a local folder (its files are not on this disk)."""
+        return self.storage.remote
+
+    def local_dir(self, *parts: str) -> Path:
+        """A folder on this machine for what must live on a disk (models, reports):
+        <lake>/<parts> for a local lake, ./<parts> (in the current directory) for a remote one."""
+        return Path(*parts).absolute() if self.remote else Path(self.root, *parts)
 
     def init(self) -> None:
         """Create the table folders, each with an empty file carrying its schema.
@@ -132,19 +154,15 @@ class Lake:
         added since read as NULL in the old files (the views union columns by name).
         """
         for table in TABLES:
-            folder = self.root / table
-            folder.mkdir(parents=True, exist_ok=True)
-            marker = folder / "_schema.parquet"
-            if not marker.exists() or not pq.read_schema(marker).equals(SCHEMAS[table]):
-                self._write_atomic(SCHEMAS[table].empty_table(), marker)
+            self.storage.ensure_schema(self.storage.join(table, "_schema.parquet"), SCHEMAS[table])
 
     def exists(self) -> bool:
         """True when the folder is a lake (a lake from an older thresher counts)."""
-        return (self.root / "prompts" / "_schema.parquet").exists()
+        return self.storage.exists(self.storage.join("prompts", "_schema.parquet"))
 
     def glob(self, table: str) -> str:
-        """The DuckDB glob that reads every committed file of `table`."""
-        return str(self.root / table / "*.parquet")
+        """The DuckDB glob that reads every committed file of `table` (never a temp file)."""
+        return self.storage.join(table, "*.parquet")
 
     # -- writing -------------------------------------------------------------
 
@@ -161,7 +179,7 @@ class Lake:
         if data.num_rows == 0:
             return 0
         name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        self._write_atomic(data, self.root / table / name)
+        self.storage.write_parquet(data, self.storage.join(table, name))
         return data.num_rows
 
     def _to_arrow(self, table: str, rows: Any) -> pa.Table:
@@ -201,12 +219,6 @@ class Lake:
         con.close()
         return out.select(data.column_names).cast(data.schema)
 
-    @staticmethod
-    def _write_atomic(data: pa.Table, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        pq.write_table(data, tmp, compression="zstd")
-        os.replace(tmp, path)
-
     # -- reading -------------------------------------------------------------
 
     def connect(self) -> duckdb.DuckDBPyConnection:
@@ -215,8 +227,11 @@ class Lake:
         Views read the Parquet files at query time, so every query sees every committed
         append. The views are built once per lake and process; each call returns a cheap
         cursor on them (opening a DuckDB database costs more than most queries here).
+        A remote lake's filesystem is registered with DuckDB and its cached listings are
+        dropped on each call, so appends by other processes are seen too.
         """
-        key = str(self.root.resolve())
+        key = self.location
+        self.storage.refresh()
         with _DATABASES_LOCK:
             db = _DATABASES.get(key)
             if db is None:
@@ -225,7 +240,9 @@ class Lake:
                         f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
                     )
                 self.init()  # tables added since the lake was made, current schema files
-                db = _DATABASES[key] = self._create_views(duckdb.connect())
+                db = duckdb.connect()
+                self.storage.attach(db)
+                db = _DATABASES[key] = self._create_views(db)
         return db.cursor()
 
     def _create_views(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
