@@ -21,7 +21,7 @@ _local = threading.local()
 # Short leases (renewed in the background while held) keep a crash from blocking the
 # device for long.
 LEASE_S = 60.0  # the server's minimum
-_created: set[str] = set()
+_created: dict[str, int] = {}  # limit name -> its slots
 _engine_slot: dict[str, ExitStack | None] = {"stack": None}
 
 
@@ -52,7 +52,7 @@ def ensure_limit(name: str | None = None, slots: int | None = None) -> str:
     slots = slots or int(os.environ.get("THRESHER_GPU_SLOTS", "1"))
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
+            slots = client.read_global_concurrency_limit_by_name(name).limit
         except ObjectNotFound:
             try:
                 client.create_global_concurrency_limit(
@@ -60,13 +60,14 @@ def ensure_limit(name: str | None = None, slots: int | None = None) -> str:
                 )
             except ObjectAlreadyExists:
                 pass  # another process created it first
-    _created.add(name)
+    _created[name] = slots
     return name
 
 
 @contextmanager
-def gpu_slot(stage: str = "") -> Iterator[None]:
-    """Hold one slot of the device limit while the body runs (re-entrant per thread)."""
+def gpu_slot(stage: str = "", occupy: int = 1) -> Iterator[None]:
+    """Hold `occupy` slots of the device limit (at most all of them) while the body runs
+    (re-entrant per thread)."""
     depth = getattr(_local, "depth", 0)
     if not depth and not shared_server():
         yield  # no server that outlives this process: nothing to share the device with
@@ -83,10 +84,13 @@ def gpu_slot(stage: str = "") -> Iterator[None]:
     from prefect.concurrency.sync import concurrency
 
     name = ensure_limit()
+    occupy = max(1, min(occupy, _created[name]))
     with ExitStack() as stack:
         try:
             stack.enter_context(
-                concurrency(name, occupy=1, strict=True, timeout_seconds=2, lease_duration=LEASE_S)
+                concurrency(
+                    name, occupy=occupy, strict=True, timeout_seconds=2, lease_duration=LEASE_S
+                )
             )
         except TimeoutError:
             print(
@@ -95,7 +99,9 @@ def gpu_slot(stage: str = "") -> Iterator[None]:
                 file=sys.stderr,
                 flush=True,
             )
-            stack.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=LEASE_S))
+            stack.enter_context(
+                concurrency(name, occupy=occupy, strict=True, lease_duration=LEASE_S)
+            )
         _local.depth = 1
         try:
             yield

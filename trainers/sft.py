@@ -5,6 +5,11 @@ accumulation, warmup + cosine schedule, evaluation loss on a held-out slice, a
 checkpoint every N optimizer steps (the last few kept, each written whole then renamed),
 and resume from the newest checkpoint. The result is a merged model folder that vLLM
 loads and/or the LoRA adapter folder.
+
+The same loop runs in each process under torchrun (DDP, or FSDP for models that do not
+fit one GPU): see trainers.distributed for how batches are split and losses averaged,
+and trainers.launch for how a flow starts it. Checkpoints hold unsharded state in the
+same layout whatever the process count, so a run can resume with a different one.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from thresher.trainers.data import build_examples, collate
+from thresher.trainers.data import IGNORE, build_examples, collate
+from thresher.trainers.distributed import Dist
+
+ONE = Dist()  # a single process
 
 
 @dataclass
@@ -86,9 +94,9 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_model(spec: TrainSpec):
+def load_model(spec: TrainSpec, device: str | None = None):
     """The model to train: base weights, fp32 on CPU, bf16 + gradient checkpointing on GPU,
-    wrapped with LoRA when asked."""
+    wrapped with LoRA when asked; on `device` (default: the GPU when there is one)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,7 +110,8 @@ def load_model(spec: TrainSpec):
     if cuda:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-        model.to("cuda")
+        if device != "cpu":
+            model.to(device or "cuda")
     if spec.method == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -131,8 +140,12 @@ def train(
     out_dir: str | Path,
     on_metrics: Callable[[list[dict]], None] | None = None,
     progress: bool = True,
+    dist: Dist = ONE,
 ) -> TrainResult:
-    """Fine-tune on SFT rows (messages, or prompt + completion); resumes from out_dir."""
+    """Fine-tune on SFT rows (messages, or prompt + completion); resumes from out_dir.
+
+    Under torchrun, `dist` is this process's place (trainers.distributed.init_distributed):
+    only rank 0 reports metrics, shows progress and writes files."""
     import torch
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
@@ -141,11 +154,10 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
-    model, tokenizer = load_model(spec)
-    device = next(model.parameters()).device
+    model, tokenizer = load_model(spec, dist.load_device)
 
     examples, report = build_examples(rows, tokenizer, spec.max_len)
-    if report.skipped:
+    if report.skipped and dist.main:
         _log(f"skipped {sum(report.skipped.values())} rows: {dict(report.skipped)}")
     if not examples:
         raise ValueError("no trainable rows: every row was skipped (see the counts above)")
@@ -157,15 +169,20 @@ def train(
 
     per_epoch = math.ceil(math.ceil(len(train_set) / spec.batch_size) / spec.grad_accum)
     total = spec.max_steps or max(1, math.ceil(per_epoch * spec.epochs))
+    ckpts = _checkpoints(out)
+    if ckpts:  # weights go in before FSDP shards them
+        _load_weights(_read_weights(ckpts[-1]), model, spec)
+    model = dist.wrap(model)
+    device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, int(total * spec.warmup_ratio), total)
 
     step, resumed_from = 0, 0
-    ckpts = _checkpoints(out)
     if ckpts:
-        step = resumed_from = _load_checkpoint(ckpts[-1], model, opt, sched, spec)
-        _log(f"resuming from {ckpts[-1]} (step {step} of {total})")
+        step = resumed_from = _load_training_state(ckpts[-1], opt, sched, dist)
+        if dist.main:
+            _log(f"resuming from {ckpts[-1]} (step {step} of {total})")
 
     pad = tokenizer.pad_token_id
     tokens_done, last_loss, last_eval = 0, None, None
@@ -177,7 +194,7 @@ def train(
         initial=step,
         unit="step",
         desc="train",
-        disable=not progress,
+        disable=not progress or not dist.main,
         mininterval=every,
     )
     model.train()
@@ -187,19 +204,7 @@ def train(
         first = (step % per_epoch) * spec.grad_accum  # micro-batches this epoch already done
         for i in range(first, len(micro), spec.grad_accum):
             group = micro[i : i + spec.grad_accum]
-            n_tokens = sum(
-                sum(1 for t in train_set[j]["labels"] if t != -100) for g in group for j in g
-            )
-            loss_sum = 0.0
-            for g in group:
-                batch = {
-                    k: v.to(device) for k, v in collate([train_set[j] for j in g], pad).items()
-                }
-                # weight each micro-batch by its answer tokens: a token-level mean overall
-                n = int((batch["labels"] != -100).sum())
-                loss = model(**batch).loss * (n / max(n_tokens, 1))
-                loss.backward()
-                loss_sum += float(loss.detach())
+            loss_sum = dist.sum(_backward(model, train_set, group, pad, device, dist))[0]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
@@ -218,20 +223,23 @@ def train(
                 "eval_loss": None,
             }
             if eval_set and (step % spec.eval_every == 0 or step == total):
-                row["eval_loss"] = last_eval = evaluate(model, eval_set, pad, spec.batch_size)
-            if on_metrics and (step % spec.log_every == 0 or step == total or row["eval_loss"]):
+                row["eval_loss"] = last_eval = evaluate(
+                    dist.unwrap(model), eval_set, pad, spec.batch_size, dist
+                )
+            logged = step % spec.log_every == 0 or step == total or row["eval_loss"]
+            if on_metrics and dist.main and logged:
                 on_metrics([row])
             bar.set_postfix(
                 loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
             )
             bar.update(1)
             if step % spec.save_every == 0 or step == total:
-                _save_checkpoint(out, step, model, opt, sched, spec)
+                _save_checkpoint(out, step, model, opt, sched, spec, dist)
             if step >= total:
                 break
     bar.close()
     elapsed = time.perf_counter() - start
-    model_dir, adapter_dir = _export(model, tokenizer, out, spec)
+    model_dir, adapter_dir = _export(model, tokenizer, out, spec, dist)
     result = TrainResult(
         steps=step,
         final_loss=last_loss,
@@ -244,32 +252,66 @@ def train(
         skipped=dict(report.skipped),
         resumed_from=resumed_from,
     )
+    if dist.main:
+        _write_lineage(out, spec, result, dist)
+    return result
+
+
+def _write_lineage(out: Path, spec: TrainSpec, result: TrainResult, dist: Dist) -> None:
     lineage = {
         "spec": asdict(spec),
         "result": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
     }
+    if dist.world > 1:
+        lineage["distributed"] = {"processes": dist.world, "strategy": dist.strategy}
     (out / "thresher_train.json").write_text(json.dumps(lineage, indent=2, default=str))
-    return result
 
 
-def evaluate(model, eval_set: list[dict], pad: int, batch_size: int) -> float:
-    """Token-level mean loss on the held-out slice."""
+def _backward(
+    model, train_set: list[dict], group: list[list[int]], pad: int, device, dist: Dist
+) -> float:
+    """Forward and backward over one optimizer step's micro-batches (this rank's slice of
+    each); returns this rank's part of the step's loss (a mean over the step's answer
+    tokens, so the parts of all ranks add up to it)."""
+    n_tokens = sum(sum(1 for t in train_set[j]["labels"] if t != IGNORE) for g in group for j in g)
+    loss_sum = 0.0
+    for m, g in enumerate(group):
+        rows, weight = dist.shard(g)
+        batch = {k: v.to(device) for k, v in collate([train_set[j] for j in rows], pad).items()}
+        # weight each micro-batch by its answer tokens: a token-level mean overall
+        n = int((batch["labels"] != IGNORE).sum())
+        with dist.grad_sync(model, sync=m == len(group) - 1):
+            loss = model(**batch).loss * (weight * n / max(n_tokens, 1))
+            # DDP and FSDP average the ranks' gradients: scale back up to their sum
+            (loss * dist.world).backward()
+        loss_sum += float(loss.detach())
+    return loss_sum
+
+
+def evaluate(model, eval_set: list[dict], pad: int, batch_size: int, dist: Dist = ONE) -> float:
+    """Token-level mean loss on the held-out slice (each rank scores its slice of a batch)."""
     import torch
 
     model.eval()
-    total, count = 0.0, 0
+    total, count = 0.0, 0.0
     device = next(model.parameters()).device
-    with torch.inference_mode():
+    with torch.no_grad():
         for i in range(0, len(eval_set), batch_size):
-            batch = {k: v.to(device) for k, v in collate(eval_set[i : i + batch_size], pad).items()}
-            n = int((batch["labels"][:, 1:] != -100).sum())
+            rows, weight = dist.shard(list(range(i, min(i + batch_size, len(eval_set)))))
+            batch = {k: v.to(device) for k, v in collate([eval_set[j] for j in rows], pad).items()}
+            n = int((batch["labels"][:, 1:] != IGNORE).sum()) * weight
             total += float(model(**batch).loss) * n
             count += n
+    total, count = dist.sum(total, count)
     model.train()
     return total / max(count, 1)
 
 
-def _trainable_state(model, spec: TrainSpec) -> dict:
+def _trainable_state(model, spec: TrainSpec, dist: Dist = ONE) -> dict:
+    """What a checkpoint keeps: the LoRA weights, or every weight (unsharded, on rank 0)."""
+    model = dist.unwrap(model)
+    if dist.fsdp:
+        return _gathered_state(model, spec, dist)
     if spec.method == "lora":
         from peft import get_peft_model_state_dict
 
@@ -277,7 +319,30 @@ def _trainable_state(model, spec: TrainSpec) -> dict:
     return model.state_dict()
 
 
-def _save_checkpoint(out: Path, step: int, model, opt, sched, spec: TrainSpec) -> None:
+def _gathered_state(model, spec: TrainSpec, dist: Dist) -> dict:
+    """_trainable_state of an FSDP-sharded model: gathered, complete on rank 0 only."""
+    lora = spec.method == "lora"
+    names = {n for n, p in model.named_parameters() if p.requires_grad} if lora else None
+    state = dist.full_state(model, names)
+    if lora and dist.main:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(model, state_dict=state)
+    return state
+
+
+def _save_checkpoint(
+    out: Path, step: int, model, opt, sched, spec: TrainSpec, dist: Dist = ONE
+) -> None:
+    """Every process gathers its part; rank 0 writes the folder whole, then renames it."""
+    weights = _trainable_state(model, spec, dist)
+    optim = dist.optim_state(opt)
+    if dist.main:
+        _write_checkpoint(out, step, weights, optim, sched, spec)
+    dist.barrier()
+
+
+def _write_checkpoint(out: Path, step: int, weights: dict, optim: dict, sched, spec) -> None:
     import torch
 
     folder = out / "checkpoints"
@@ -285,8 +350,8 @@ def _save_checkpoint(out: Path, step: int, model, opt, sched, spec: TrainSpec) -
     tmp = folder / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(_trainable_state(model, spec), tmp / "weights.pt")
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optim.pt")
+    torch.save(weights, tmp / "weights.pt")
+    torch.save({"optimizer": optim, "scheduler": sched.state_dict()}, tmp / "optim.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, "time": time.time()}))
     final = folder / f"step-{step}"
     shutil.rmtree(final, ignore_errors=True)
@@ -295,39 +360,69 @@ def _save_checkpoint(out: Path, step: int, model, opt, sched, spec: TrainSpec) -
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _load_checkpoint(path: Path, model, opt, sched, spec: TrainSpec) -> int:
+def _read_weights(path: Path) -> dict:
     import torch
 
-    weights = torch.load(path / "weights.pt", map_location="cpu")
+    return torch.load(path / "weights.pt", map_location="cpu")
+
+
+def _load_weights(weights: dict, model, spec: TrainSpec) -> None:
+    """Put a checkpoint's (unsharded) weights into an unwrapped model."""
     if spec.method == "lora":
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, weights)
     else:
         model.load_state_dict(weights)
+
+
+def _load_training_state(path: Path, opt, sched, dist: Dist = ONE) -> int:
+    """Optimizer and schedule of a checkpoint (sharded like the parameters); its step."""
+    import torch
+
     state = torch.load(path / "optim.pt", map_location="cpu")
-    opt.load_state_dict(state["optimizer"])
+    dist.load_optim_state(opt, state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     return json.loads((path / "state.json").read_text())["step"]
 
 
-def _export(model, tokenizer, out: Path, spec: TrainSpec) -> tuple[Path | None, Path | None]:
-    """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints."""
+def _export_paths(out: Path, spec: TrainSpec) -> tuple[Path | None, Path | None]:
+    """(merged model folder, adapter folder) the spec's output writes, None when not."""
+    adapter = spec.method == "lora" and spec.output in ("adapter", "both")
+    merged = spec.output in ("merged", "both") or spec.method == "full"
+    return (out / "model" if merged else None), (out / "adapter" if adapter else None)
+
+
+def _export(
+    model, tokenizer, out: Path, spec: TrainSpec, dist: Dist = ONE
+) -> tuple[Path | None, Path | None]:
+    """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints.
+
+    Rank 0 writes; an FSDP-sharded model is first gathered into a fresh copy on its CPU."""
+    if dist.fsdp:
+        state = _trainable_state(model, spec, dist)
+        if dist.main:
+            model, _ = load_model(spec, "cpu")
+            _load_weights(state, model, spec)
+    if dist.main:
+        _write_export(dist.unwrap(model), tokenizer, out, spec)
+    dist.barrier()
+    return _export_paths(out, spec)
+
+
+def _write_export(model, tokenizer, out: Path, spec: TrainSpec) -> None:
     import torch
 
-    model_dir = adapter_dir = None
-    if spec.method == "lora" and spec.output in ("adapter", "both"):
-        adapter_dir = out / "adapter"
+    model_dir, adapter_dir = _export_paths(out, spec)
+    if adapter_dir:
         model.save_pretrained(adapter_dir)
         tokenizer.save_pretrained(adapter_dir)
-    if spec.output in ("merged", "both") or spec.method == "full":
+    if model_dir:
         merged = model.merge_and_unload() if spec.method == "lora" else model
         merged = merged.to(torch.float32) if not torch.cuda.is_available() else merged
-        model_dir = out / "model"
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(model_dir, ignore_errors=True)
         os.replace(tmp, model_dir)
-    return model_dir, adapter_dir
