@@ -29,6 +29,8 @@ def bootstrap_run_id(cfg: BootstrapConfig) -> str:
                 "batch_size",
                 "timeout_s",
                 "engine",
+                "executor",
+                "ray",
                 "max_rounds",
                 "min_gain",
                 "patience",

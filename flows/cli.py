@@ -23,11 +23,24 @@ app = typer.Typer(
 )
 
 LakeOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--lake",
         envvar="THRESHER_LAKE",
-        help="Lake folder. Default: $THRESHER_LAKE, else the config's `lake`, else ./lake.",
+        help="Lake folder, or an fsspec URL such as s3://bucket/prefix (models and reports "
+        "of a remote lake go under ./). Default: $THRESHER_LAKE, else the config's `lake`, "
+        "else ./lake.",
+        show_default=False,
+    ),
+]
+
+ExecutorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--executor",
+        help="Where sampling and verification run: local (one engine in this process) or "
+        "ray (engines and verifiers on a Ray cluster: the config's ray.address, else "
+        "$RAY_ADDRESS, else a Ray instance for this run). Default: the config's executor.",
         show_default=False,
     ),
 ]
@@ -187,7 +200,7 @@ def tables(lake: LakeOption = None) -> None:
         counts = {name: lk.count(name) for name in (*TABLES, *DERIVED_VIEWS)}
     except FileNotFoundError as e:
         fail(str(e))
-    typer.echo(f"lake: {lk.root.resolve()}")
+    typer.echo(f"lake: {lk.location}")
     for name, n in counts.items():
         kind = "view " if name in DERIVED_VIEWS else "table"
         typer.echo(f"  {kind} {name:<20} {n:>10} rows")
@@ -199,6 +212,7 @@ def curate(
         Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/demo.yaml).")
     ],
     lake: LakeOption = None,
+    executor: ExecutorOption = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Sample k candidates per prompt, verify them and select the survivors (one round).
@@ -211,6 +225,7 @@ def curate(
         cfg = load_config(config)
     except ConfigError as e:
         fail(str(e), code=2)
+    cfg = with_executor(cfg, executor)
     if not cfg.server and not Path(cfg.model).is_dir():
         fail(f"model folder {cfg.model!r} does not exist (models load from local folders)")
     if cfg.lora and not (Path(cfg.lora) / "adapter_config.json").is_file():
@@ -225,6 +240,18 @@ def curate(
     except NothingToCurate as e:
         fail(str(e))
     print_summary(summary)
+
+
+def with_executor(cfg, executor: str | None):
+    """The config with --executor applied (validated like the file)."""
+    if executor is None:
+        return cfg
+    from pydantic import ValidationError
+
+    try:
+        return type(cfg)(**{**cfg.model_dump(), "executor": executor})
+    except ValidationError as e:
+        fail(f"--executor {executor}: {e.errors()[0]['msg']}", code=2)
 
 
 def print_summary(s: dict) -> None:
@@ -264,6 +291,7 @@ def eval_cmd(
         int | None, typer.Option(help="Engine context length (default: the model's).")
     ] = None,
     lake: LakeOption = None,
+    executor: ExecutorOption = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Measure pass@k of a model on held-out prompts (unbiased estimator, Chen et al. 2021).
@@ -285,6 +313,7 @@ def eval_cmd(
             sampling={"k": 1, "temperature": temperature, "max_tokens": max_tokens},
             engine={"dtype": dtype, "max_model_len": max_model_len},
             verify={"verifiers": verifier or ["math"]},
+            executor=executor or "local",
         )
     except (ValidationError, ValueError) as e:
         fail(str(e), code=2)
@@ -315,7 +344,9 @@ def train_cmd(
 
     LoRA on every linear layer by default (or full fine-tuning). Checkpoints every
     `save_every` steps; re-running the same config resumes from the newest one. Writes a
-    merged model folder vLLM loads (and/or the adapter) under <lake>/models/.
+    merged model folder vLLM loads (and/or the adapter) under <lake>/models/ (under
+    ./models/ when the lake is remote, e.g. s3://). With `distributed: {processes: N}` the
+    same training runs in N processes (one per GPU) under torchrun, DDP or FSDP.
     """
     from thresher.flows.config import ConfigError, TrainConfig, load_config
 
@@ -327,10 +358,11 @@ def train_cmd(
         fail(f"model folder {cfg.base_model!r} does not exist")
     from thresher.flows.train import run_train
     from thresher.stores.lake import Lake
+    from thresher.trainers.launch import DistributedTrainingError
 
     try:
         s = run_train(cfg, Lake(lake or cfg.lake).root, progress=progress)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, DistributedTrainingError) as e:
         fail(str(e))
     typer.echo(
         f"\ntrained {s['steps']} steps on {s['examples']} examples ({s['rows']} rows"
@@ -353,6 +385,7 @@ def bootstrap(
     max_rounds: Annotated[
         int | None, typer.Option(help="Override the config's max_rounds (e.g. to add rounds).")
     ] = None,
+    executor: ExecutorOption = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Self-bootstrap rounds (STaR / rejection-sampling fine-tuning).
@@ -373,6 +406,7 @@ def bootstrap(
             cfg = cfg.model_copy(update={"max_rounds": max_rounds})
     except ConfigError as e:
         fail(str(e), code=2)
+    cfg = with_executor(cfg, executor)
     if not Path(cfg.base_model).is_dir():
         fail(f"model folder {cfg.base_model!r} does not exist (models load from local folders)")
     from thresher.flows.bootstrap import run_bootstrap
@@ -441,7 +475,7 @@ def report(
             "--out",
             "-o",
             help="Folder to write index.html and the PNGs to.",
-            show_default="<lake>/report",
+            show_default="<lake>/report, or ./report for a remote lake",
         ),
     ] = None,
     name: Annotated[
@@ -469,7 +503,7 @@ def report(
 
     lk = Lake(lake, create=False)
     try:
-        page = write_report(lk, out or lk.root / "report", name)
+        page = write_report(lk, out or lk.local_dir("report"), name)
         table = round_table(lk, name)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
@@ -534,7 +568,7 @@ def _schedule_flow(
     timezone: str | None,
     name: str | None,
     overlap: Overlap,
-    lake: Path | None,
+    lake: str | None,
 ) -> None:
     if (cron is None) == (interval is None):
         fail("give exactly one of --cron EXPR and --interval SECONDS", code=2)
@@ -547,7 +581,7 @@ def _schedule_flow(
         fail(str(e))
     from thresher.stores.lake import Lake
 
-    lake_root = str(Lake(lake or cfg.lake).root.resolve())
+    lake_root = Lake(lake or cfg.lake).location
     name = name or cfg.name
     params = {"config": cfg.model_dump(), "lake_root": lake_root, "progress": False}
     try:

@@ -66,6 +66,30 @@ class ServerConfig(_Strict):
     vllm_extensions: bool = Field(True, description="send vLLM's return_token_ids and top_k")
 
 
+class RayConfig(_Strict):
+    """Where and how `executor: ray` runs sampling and verification."""
+
+    address: str | None = Field(
+        None,
+        description="a running cluster (host:port, or ray://host:10001); "
+        "default: $RAY_ADDRESS, else a Ray instance started for this process",
+    )
+    engines: int | None = Field(
+        None, ge=1, description="vLLM engines (actors); default: one per GPU, 1 without GPUs"
+    )
+    gpus_per_engine: float = Field(
+        1, ge=0, description="GPUs each engine reserves (tensor_parallel_size in engine.extra)"
+    )
+    cpus_per_engine: float = Field(1, ge=0, description="CPUs each engine reserves")
+    verify_chunk: int = Field(
+        512, ge=1, description="candidates per verification task spread over the cluster"
+    )
+
+
+Executor = Literal["local", "ray"]
+EXECUTOR_HELP = "local: one engine in this process; ray: engines and verifiers on a Ray cluster"
+
+
 class VerifyConfig(_Strict):
     """Which verifiers score the candidates, and which verdicts make a candidate pass."""
 
@@ -204,6 +228,8 @@ class CurateConfig(_Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     server: ServerConfig | None = None
+    executor: Executor = Field("local", description=EXECUTOR_HELP)
+    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
@@ -213,6 +239,8 @@ class CurateConfig(_Strict):
     def _lora_needs_local_engine(self) -> CurateConfig:
         if self.lora and self.server:
             raise ValueError("lora applies to the local engine; a server loads adapters itself")
+        if self.server and self.executor == "ray":
+            raise ValueError("executor: ray runs its own engines; it does not apply to a server")
         return self
 
     @property
@@ -239,6 +267,25 @@ class LoraConfig(_Strict):
     target_modules: str | list[str] = "all-linear"
 
 
+class DistributedConfig(_Strict):
+    """Training in several processes on this machine (one per GPU) under torchrun."""
+
+    processes: int = Field(
+        1,
+        ge=1,
+        description="training processes, one per GPU; 1 trains inside the flow's own "
+        "process, more start `torchrun --standalone --nproc_per_node N`",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: a whole model copy per process; fsdp: weights, gradients and "
+        "optimizer state sharded over the processes (models that do not fit one GPU)",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="process-group backend; auto: nccl with GPUs, gloo without"
+    )
+
+
 class TrainSettings(_Strict):
     """How a model is fine-tuned: SFT, loss on answer tokens only."""
 
@@ -250,7 +297,9 @@ class TrainSettings(_Strict):
     learning_rate: float | None = Field(None, gt=0, description="default 2e-4 LoRA, 2e-5 full")
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(
+        8, ge=1, description="examples per micro-batch over all processes (the global batch)"
+    )
     grad_accum: int = Field(1, ge=1)
     warmup_ratio: float = Field(0.03, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
@@ -262,6 +311,16 @@ class TrainSettings(_Strict):
     log_every: int = Field(10, ge=1)
     seed: int = 0
     output: Literal["merged", "adapter", "both"] = "merged"
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _every_process_gets_rows(self) -> TrainSettings:
+        if self.distributed.processes > self.batch_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) is the global batch: it must be at least "
+                f"distributed.processes ({self.distributed.processes})"
+            )
+        return self
 
 
 class TrainConfig(TrainSettings):
@@ -272,7 +331,11 @@ class TrainConfig(TrainSettings):
     round: int = Field(0, ge=0, description="the round whose data trains model round+1")
     lake: str | None = None
     data: TrainDataConfig = Field(default_factory=TrainDataConfig)
-    out: str | None = Field(None, description="default: <lake>/models/<name>/round-<round+1>")
+    out: str | None = Field(
+        None,
+        description="default: <lake>/models/<name>/round-<round+1> "
+        "(./models/... for a remote lake)",
+    )
 
 
 class EvalConfig(_Strict):
@@ -289,6 +352,8 @@ class EvalConfig(_Strict):
     ks: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    executor: Executor = Field("local", description=EXECUTOR_HELP)
+    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=lambda: VerifyConfig(verifiers=["math"]))
 
     @model_validator(mode="after")
@@ -312,6 +377,8 @@ class EvalConfig(_Strict):
             prompts=self.prompts,
             sampling=sampling,
             engine=self.engine,
+            executor=self.executor,
+            ray=self.ray,
             verify=self.verify,
         )
 
@@ -362,6 +429,8 @@ class BootstrapConfig(_Strict):
     prompts: PromptsConfig
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    executor: Executor = Field("local", description=EXECUTOR_HELP)
+    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
@@ -381,6 +450,8 @@ class BootstrapConfig(_Strict):
             prompts=self.prompts,
             sampling=self.sampling,
             engine=self.engine,
+            executor=self.executor,
+            ray=self.ray,
             verify=self.verify,
             select=self.select,
             difficulty=self.difficulty,
@@ -422,6 +493,8 @@ class BootstrapConfig(_Strict):
             ks=e.ks,
             sampling=self.sampling.model_copy(update={**overrides, "k": e.n}),
             engine=self.engine,
+            executor=self.executor,
+            ray=self.ray,
             verify=self.verify,
         )
 

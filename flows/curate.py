@@ -23,17 +23,19 @@ class NothingToCurate(ValueError):
 
 
 def transient(task, task_run, state) -> bool:
-    """Retry only what a retry can fix: a server's connection errors and timeouts."""
+    """Retry only what a retry can fix: a server's connection errors and timeouts, a
+    lost Ray engine or node."""
     import httpx
 
+    from thresher.flows.cluster import is_cluster_failure
     from thresher.samplers.openai_server import ServerError
 
     try:
         state.result()
     except (ServerError, httpx.TransportError, ConnectionError, TimeoutError):
         return True
-    except BaseException:
-        return False
+    except BaseException as e:
+        return is_cluster_failure(e)
     return False
 
 
@@ -55,7 +57,8 @@ def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
 def run_id_for(cfg: CurateConfig) -> str:
     """Same pipeline settings, same run: re-running resumes it."""
     return content_id(
-        "curate", cfg.model_dump(exclude={"lake", "batch_size", "engine", "timeout_s"})
+        "curate",
+        cfg.model_dump(exclude={"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}),
     )
 
 
@@ -195,6 +198,11 @@ def _raw_sampler(cfg: CurateConfig):
             vllm_extensions=srv.vllm_extensions,
             **params,
         )
+    if cfg.executor == "ray":
+        from thresher.flows.cluster import engine_pool
+
+        pool = engine_pool(cfg.ray, engine_kwargs(cfg))
+        return lambda prompts, messages, k: pool.sample(prompts, messages, k, params, cfg.lora)
     from thresher.samplers.vllm_offline import render_prompts, sample
 
     llm = engine_for(cfg)
@@ -203,16 +211,13 @@ def _raw_sampler(cfg: CurateConfig):
     )
 
 
-def engine_for(cfg: CurateConfig):
-    """The process's vLLM engine for this config (started on first use); the engine holds
-    a device slot until `stop_engine`."""
-    from thresher.flows.slots import hold_for_engine
-    from thresher.samplers.vllm_offline import get_engine, lora_rank
+def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
+    """The arguments of `get_engine` for this config."""
+    from thresher.samplers.vllm_offline import lora_rank
 
-    hold_for_engine()
     e = cfg.engine
-    return get_engine(
-        cfg.model,
+    return dict(
+        model=cfg.model,
         seed=cfg.sampling.seed,
         dtype=e.dtype,
         max_model_len=e.max_model_len,
@@ -221,6 +226,16 @@ def engine_for(cfg: CurateConfig):
         max_lora_rank=lora_rank(cfg.lora) if cfg.lora else None,
         extra=e.extra,
     )
+
+
+def engine_for(cfg: CurateConfig):
+    """The process's vLLM engine for this config (started on first use); the engine holds
+    a device slot until `stop_engine`."""
+    from thresher.flows.slots import hold_for_engine
+    from thresher.samplers.vllm_offline import get_engine
+
+    hold_for_engine()
+    return get_engine(**engine_kwargs(cfg))
 
 
 DEVICE_VERIFIERS = {"reward"}  # verifiers that run a model on the accelerator
@@ -243,14 +258,17 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        verifier = get_verifier(name, v.options.get(name))
         if name in DEVICE_VERIFIERS:
             from thresher.flows.slots import gpu_slot
 
             with gpu_slot(name):
-                verdicts = verifier.run(todo)
+                verdicts = get_verifier(name, v.options.get(name)).run(todo)
+        elif cfg.executor == "ray":
+            from thresher.flows.cluster import verify_on_cluster
+
+            verdicts = verify_on_cluster(cfg.ray, name, v.options.get(name), todo)
         else:
-            verdicts = verifier.run(todo)
+            verdicts = get_verifier(name, v.options.get(name)).run(todo)
         verdicts = verdicts.with_columns(
             pl.lit(run_id).alias("run_id"), pl.lit(now()).alias("created_at")
         )
@@ -292,7 +310,7 @@ def eval_index(lake_root: str, cfg: CurateConfig):
         return None
     lake = Lake(lake_root)
     n_eval = lake.query("SELECT count(*) AS n FROM prompts WHERE split = 'eval'")["n"][0]
-    key = content_id(str(Path(lake_root).resolve()), d.model_dump(), int(n_eval))
+    key = content_id(lake.location, d.model_dump(), int(n_eval))
     if key not in _EVAL_INDEXES:
         index = EvalIndex(n=d.ngram, minhash_threshold=d.minhash_threshold)
         index.add(eval_items(lake, d.eval_datasets))
@@ -340,6 +358,43 @@ def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, 
     return plan_k(ids, cfg.sampling.k, rates, d.skip_solved_above, d.hard_below, d.hard_k)
 
 
+def sampled_batches(
+    sample, lake_root: str, cfg: CurateConfig, run_id: str, batches: list[list[dict]], ks_q
+) -> Iterator[tuple[list[dict], tuple[int, float]]]:
+    """(batch, sample task result) in batch order. Locally one batch at a time; on Ray,
+    one batch per engine in flight (plus one queued), so the engines keep sampling while
+    this process verifies and selects the batches they finished."""
+    cfg_q = quote(cfg)
+    if cfg.executor != "ray":
+        for batch in batches:
+            yield batch, sample(lake_root, cfg_q, run_id, quote(batch), ks_q)
+        return
+    from collections import deque
+
+    from thresher.flows.cluster import engine_count
+
+    window = engine_count(cfg.ray) + 1
+    pending: deque = deque()
+    for batch in batches:
+        pending.append((batch, sample.submit(lake_root, cfg_q, run_id, quote(batch), ks_q)))
+        if len(pending) >= window:
+            done, future = pending.popleft()
+            yield done, future.result()
+    while pending:
+        done, future = pending.popleft()
+        yield done, future.result()
+
+
+def engine_batches(cfg: CurateConfig) -> dict[str, Any]:
+    """How many sampling calls each Ray engine served (load balance, for the summary)."""
+    from thresher.flows.cluster import current_pool
+
+    pool = current_pool()
+    return {"executor": "ray", "engines": pool.size if pool else 0} | (
+        {"batches_per_engine": list(pool.batches)} if pool else {}
+    )
+
+
 def _run_name(kind: str) -> str:
     from prefect.runtime import flow_run
 
@@ -373,13 +428,14 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         quiet_task_logs()
         sample = sample_batch.with_options(timeout_seconds=cfg.timeout_s)
         cfg_q, ks_q = quote(cfg), quote(ks)
+        # quote(): Prefect would otherwise walk every prompt of a batch looking for
+        # futures to resolve, which costs more than the task itself
         with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
-            for batch in batched(todo, cfg.batch_size):
+            for batch, (written, seconds) in sampled_batches(
+                sample, lake_root, cfg, run_id, batched(todo, cfg.batch_size), ks_q
+            ):
                 ids = [r["prompt_id"] for r in batch]
-                # quote(): Prefect would otherwise walk every prompt of the batch
-                # looking for futures to resolve, which costs more than the task itself
                 batch_q, ids_q = quote(batch), quote(ids)
-                written, seconds = sample(lake_root, cfg_q, run_id, batch_q, ks_q)
                 sampled, sampling_s = sampled + written, sampling_s + seconds
                 verify_batch(lake_root, cfg_q, run_id, ids_q)
                 if cfg.rationalize.enabled:
@@ -389,6 +445,8 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
                 bar.update(len(batch))
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")
+        if cfg.executor == "ray":
+            summary.update(engine_batches(cfg))
         summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, run_id, cfg.round))
         summary["sampled_now"] = sampled
         summary["skipped_solved"] = sum(k == 0 for k in ks.values())
@@ -428,12 +486,18 @@ def deployment_cleanup() -> Iterator[None]:
 
 
 def stop_engine() -> None:
-    """Shut the process's engine down and give its device slot back."""
+    """Shut the process's engine (or Ray engine pool) down and give its device slot back."""
+    import sys
+
     from thresher.flows.slots import release_engine_slot
     from thresher.samplers.vllm_offline import shutdown_engine
 
     try:
         shutdown_engine()
+        if "thresher.flows.cluster" in sys.modules:  # only when a pool may run
+            from thresher.flows.cluster import shutdown_pool
+
+            shutdown_pool()
     finally:
         release_engine_slot()
 

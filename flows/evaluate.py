@@ -29,6 +29,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         prompt_batches,
         run_id_for,
         sample_batch,
+        sampled_batches,
         verify_batch,
     )
     from thresher.stores.passk import pass_at_ks, pass_counts
@@ -43,9 +44,8 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         batches = prompt_batches(lake, cur)
         n_prompts = sum(len(b) for b in batches)
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
-            for batch in batches:
+            for batch, _ in sampled_batches(sample_batch, lake_root, cur, run_id, batches, None):
                 ids = [r["prompt_id"] for r in batch]
-                sample_batch(lake_root, quote(cur), run_id, quote(batch))
                 verify_batch(lake_root, quote(cur), run_id, quote(ids))
                 bar.update(len(batch))
         metrics = pass_at_ks(pass_counts(lake, run_id, cfg.verify.rule), cfg.ks)

@@ -13,8 +13,9 @@ from thresher.stores.lake import Lake, now
 
 
 def model_dir_for(lake: Lake, name: str, round_: int) -> Path:
-    """Where round `round_`'s model of pipeline `name` lives."""
-    return lake.root / "models" / name / f"round-{round_}"
+    """Where round `round_`'s model of pipeline `name` lives: <lake>/models/<name>/round-N,
+    or ./models/<name>/round-N when the lake is remote (training needs a local folder)."""
+    return lake.local_dir("models", name, f"round-{round_}")
 
 
 def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
@@ -35,8 +36,11 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
 
 
 def train_run_id(cfg: TrainConfig) -> str:
-    """Same training settings and data, same run: re-running resumes (or skips) it."""
-    return content_id("train", cfg.model_dump(exclude={"lake"}))
+    """Same training settings and data, same run: re-running resumes (or skips) it.
+
+    The process count is not part of it: batch_size is the global batch whatever it is,
+    and a run may resume with another one."""
+    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}))
 
 
 def train_output(cfg: TrainConfig, lake: Lake) -> Path:
@@ -126,8 +130,16 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
 
         from thresher.flows.slots import gpu_slot
 
-        with gpu_slot("train"):
-            result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
+        with gpu_slot("train", occupy=cfg.distributed.processes):
+            if cfg.distributed.processes > 1:
+                from thresher.trainers.launch import train_distributed
+
+                d = cfg.distributed
+                result = train_distributed(
+                    spec, rows, out, d.processes, d.strategy, d.backend, on_metrics, progress
+                )
+            else:
+                result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
         summary.update(
             {
                 "run_id": run_id,

@@ -20,6 +20,41 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.pop("THRESHER_LAKE", None)
 
 
+# made-up facts in the tiny model's vocabulary: nothing it could answer before training
+MADE_UP_PAIRS = [
+    ("What is 2 # 3?", "7"),
+    ("What is 4 # 1?", "12"),
+    ("What is 9 # 9?", "5"),
+    ("What is 1 # 8?", "33"),
+    ("What is 6 # 2?", "0"),
+    ("What is 3 # 3?", "81"),
+]
+
+
+@pytest.fixture(scope="session")
+def made_up_pairs() -> list[tuple[str, str]]:
+    """(question, answer) pairs a training test can teach the tiny model."""
+    return MADE_UP_PAIRS
+
+
+@pytest.fixture(scope="session")
+def pairs_jsonl(tmp_path_factory) -> Path:
+    """The made-up pairs as a JSONL file of chat messages (a train config's data.path)."""
+    import json
+
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            )
+            + "\n"
+            for q, a in MADE_UP_PAIRS
+        )
+    )
+    return path
+
+
 @pytest.fixture
 def lake(tmp_path):
     from thresher.stores.lake import Lake

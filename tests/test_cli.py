@@ -61,6 +61,19 @@ def test_curate_reports_bad_config_clearly(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+def test_executor_option_is_validated(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "name: x\nmodel: m\nprompts: {dataset: d}\nserver: {base_url: 'http://127.0.0.1:1/v1'}\n"
+    )
+    run = [sys.executable, "-m", "thresher.flows.cli", "curate", "-c", str(cfg), "--executor"]
+    res = subprocess.run([*run, "gpu"], capture_output=True, text=True)
+    assert res.returncode == 2 and "'local' or 'ray'" in res.stderr
+    res = subprocess.run([*run, "ray"], capture_output=True, text=True)  # ray runs engines
+    assert res.returncode == 2 and "does not apply to a server" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_verify_command_scores_an_external_file(tmp_path):
     src = tmp_path / "cands.jsonl"
     src.write_text(

@@ -7,16 +7,6 @@ import pytest
 from thresher.trainers.data import IGNORE, build_examples, encode
 from thresher.trainers.sft import TrainSpec, load_model, train
 
-# made-up facts in the tiny model's vocabulary: nothing it could answer before training
-PAIRS = [
-    ("What is 2 # 3?", "7"),
-    ("What is 4 # 1?", "12"),
-    ("What is 9 # 9?", "5"),
-    ("What is 1 # 8?", "33"),
-    ("What is 6 # 2?", "0"),
-    ("What is 3 # 3?", "81"),
-]
-
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model):
@@ -79,7 +69,7 @@ def test_lora_touches_attention_and_mlp(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def memorised(tiny_model, tmp_path_factory):
+def memorised(tiny_model, tmp_path_factory, made_up_pairs):
     out = tmp_path_factory.mktemp("sft")
     metrics = []
     spec = TrainSpec(
@@ -95,7 +85,11 @@ def memorised(tiny_model, tmp_path_factory):
         warmup_ratio=0.0,
     )
     result = train(
-        spec, [chat_row(q, a) for q, a in PAIRS], out, on_metrics=metrics.extend, progress=False
+        spec,
+        [chat_row(q, a) for q, a in made_up_pairs],
+        out,
+        on_metrics=metrics.extend,
+        progress=False,
     )
     return result, metrics, out
 
@@ -109,13 +103,13 @@ def test_loss_drops(memorised):
     assert result.tokens_per_s > 0
 
 
-def test_trained_model_answers_greedily(memorised, tokenizer):
+def test_trained_model_answers_greedily(memorised, tokenizer, made_up_pairs):
     import torch
     from transformers import AutoModelForCausalLM
 
     result, _, out = memorised
     model = AutoModelForCausalLM.from_pretrained(result.model_dir).eval()
-    for q, a in PAIRS:
+    for q, a in made_up_pairs:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
         )

@@ -103,6 +103,20 @@ def word_problems(splits: dict[str, int], seed: int = 0) -> list[dict]:
     return rows
 
 
+def write_word_problems(path: str | Path, n: int, seed: int = 0) -> Path:
+    """`n` word problems as a JSONL file of prompt, answer, task (ready to ingest)."""
+    import json
+
+    rows = word_problems({"train": n}, seed=seed)
+    Path(path).write_text(
+        "".join(
+            json.dumps({"prompt": r["prompt"], "answer": r["answer"], "task": "arithmetic"}) + "\n"
+            for r in rows
+        )
+    )
+    return Path(path)
+
+
 def build_tokenizer(texts: list[str], vocab_size: int = 512):
     """Train a byte-level BPE tokenizer on `texts` and wrap it for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -12,30 +12,13 @@ import yaml
 
 from thresher.stores.lake import Lake
 
-PAIRS = [
-    ("What is 2 # 3?", "7"),
-    ("What is 4 # 1?", "12"),
-    ("What is 9 # 9?", "5"),
-    ("What is 1 # 8?", "33"),
-    ("What is 6 # 2?", "0"),
-    ("What is 3 # 3?", "81"),
-]
 STEPS = 240
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_model, tmp_path_factory):
+def trained(tiny_model, tmp_path_factory, pairs_jsonl):
     tmp = tmp_path_factory.mktemp("train")
-    data = tmp / "pairs.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps(
-                {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-            )
-            + "\n"
-            for q, a in PAIRS
-        )
-    )
+    data = pairs_jsonl
     cfg = {
         "name": "t",
         "base_model": str(tiny_model),
@@ -96,16 +79,16 @@ def test_killed_run_resumes_to_the_same_number_of_steps(trained):
     assert lake.query("SELECT status FROM runs")["status"].to_list() == ["completed"]
 
 
-def test_merged_model_loads_in_vllm_and_answers(trained):
+def test_merged_model_loads_in_vllm_and_answers(trained, made_up_pairs):
     from thresher.samplers.vllm_offline import get_engine, render_prompts, sample, shutdown_engine
 
     _, out, _, res = trained
     assert res.returncode == 0
     llm = get_engine(str(out / "model"), dtype="float32", max_model_len=256)
     try:
-        messages = [json.dumps([{"role": "user", "content": q}]) for q, _ in PAIRS]
-        prompts = render_prompts(llm, [None] * len(PAIRS), messages)
+        messages = [json.dumps([{"role": "user", "content": q}]) for q, _ in made_up_pairs]
+        prompts = render_prompts(llm, [None] * len(made_up_pairs), messages)
         outs = sample(llm, prompts, k=1, temperature=0.0, top_p=1.0, top_k=0, max_tokens=8)
     finally:
         shutdown_engine()
-    assert [o[0].text.strip() for o in outs] == [a for _, a in PAIRS]
+    assert [o[0].text.strip() for o in outs] == [a for _, a in made_up_pairs]

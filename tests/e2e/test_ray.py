@@ -1,0 +1,127 @@
+"""`executor: ray`: the curate flow on a local Ray cluster (`ray start --head` on 127.0.0.1)
+writes the same lake as the local executor, and a re-run skips finished batches."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from thresher.flows.config import CurateConfig
+from thresher.flows.curate import run_curate
+from thresher.stores.ingest import ingest
+from thresher.stores.lake import Lake
+
+pytestmark = pytest.mark.engine
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+RAY = Path(sys.executable).with_name("ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a one-node Ray cluster with its own temp dir, stopped afterwards."""
+    # Ray's socket paths must stay short: a temp dir directly under /tmp
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    port = _free_port()
+    log = open(Path(temp) / "head.log", "w")
+    proc = subprocess.Popen(
+        [str(RAY), "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]
+        + ["--port", str(port), "--temp-dir", temp, "--num-cpus", "4", "--num-gpus", "0"]
+        + ["--include-dashboard", "false", "--disable-usage-stats"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            status = subprocess.run(
+                [str(RAY), "status", "--address", address], capture_output=True, text=True
+            )
+            if status.returncode == 0:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray did not start: {(Path(temp) / 'head.log').read_text()}")
+            time.sleep(1)
+        yield address
+    finally:
+        import ray
+
+        ray.shutdown()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _config(model: Path, **extra) -> CurateConfig:
+    return CurateConfig(
+        name="ray-e2e",
+        model=str(model),
+        batch_size=6,
+        prompts={"dataset": "arith", "limit": 24},
+        sampling={"k": 2, "max_tokens": 16, "temperature": 0.8},
+        engine={"dtype": "float32", "max_model_len": 256},
+        **extra,
+    )
+
+
+def _lake(root: Path) -> Lake:
+    lake = Lake(root)
+    source = EXAMPLES / "train.jsonl"
+    ingest(lake, source, dataset="arith", mapping={"prompt": "question"}, task="arithmetic")
+    return lake
+
+
+def _contents(lake: Lake) -> dict:
+    return {
+        "candidates": sorted(lake.query("SELECT candidate_id FROM candidates")["candidate_id"]),
+        "verdicts": sorted(
+            lake.query("SELECT candidate_id || verifier AS v FROM verdicts")["v"].to_list()
+        ),
+        "selections": sorted(lake.query("SELECT candidate_id FROM selections")["candidate_id"]),
+        "runs": sorted(lake.query("SELECT run_id FROM candidates GROUP BY 1")["run_id"]),
+        "batches": lake.query("SELECT count(DISTINCT batch_id) AS n FROM candidates")["n"][0],
+    }
+
+
+def test_ray_executor_writes_what_the_local_one_does(ray_cluster, tiny_model, tmp_path):
+    local_lake = _lake(tmp_path / "local")
+    local = run_curate(_config(tiny_model), local_lake.root, progress=False)
+
+    ray_lake = _lake(tmp_path / "ray")
+    cfg = _config(tiny_model, executor="ray", ray={"address": ray_cluster, "engines": 2})
+    first = run_curate(cfg, ray_lake.root, progress=False)
+
+    assert first["run_id"] == local["run_id"]
+    assert first["candidates"] == local["candidates"] == 48
+    assert first["sampled_now"] == 48
+    # 4 batches over 2 engines: both engines sampled
+    assert first["engines"] == 2 and sum(first["batches_per_engine"]) == 4
+    assert min(first["batches_per_engine"]) >= 1
+    contents = _contents(ray_lake)
+    assert contents == _contents(local_lake)
+    assert len(contents["verdicts"]) == 48 and contents["batches"] == 4
+
+    again = run_curate(cfg, ray_lake.root, progress=False)
+    assert again["sampled_now"] == 0 and again["engines"] == 0  # no engine was started
+    assert _contents(ray_lake) == contents
+    assert again["kept"] == first["kept"]
