@@ -40,7 +40,8 @@ ExecutorOption = Annotated[
         "--executor",
         help="Where sampling and verification run: local (one engine in this process) or "
         "ray (engines and verifiers on a Ray cluster: the config's ray.address, else "
-        "$RAY_ADDRESS, else a Ray instance for this run). Default: the config's executor.",
+        "$RAY_ADDRESS, else the cluster last started here with `ray start`, else a Ray "
+        "instance for this run). Default: the config's executor.",
         show_default=False,
     ),
 ]

@@ -22,7 +22,8 @@ _POOL_LOCK = threading.Lock()
 
 
 def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` ($RAY_ADDRESS, else a local instance) once."""
+    """Join the Ray cluster at `address` once (None: $RAY_ADDRESS, else the cluster last
+    started on this machine, else a new local instance: Ray's own rules)."""
     try:
         import ray
     except ImportError:

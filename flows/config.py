@@ -71,8 +71,9 @@ class RayConfig(_Strict):
 
     address: str | None = Field(
         None,
-        description="a running cluster (host:port, or ray://host:10001); "
-        "default: $RAY_ADDRESS, else a Ray instance started for this process",
+        description="a running cluster (host:port, or ray://host:10001); default: "
+        "$RAY_ADDRESS, else the cluster last started here with `ray start`, else a Ray "
+        "instance for this process",
     )
     engines: int | None = Field(
         None, ge=1, description="vLLM engines (actors); default: one per GPU, 1 without GPUs"
