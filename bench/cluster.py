@@ -33,6 +33,7 @@ def start_ray(cpus: int) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a local cluster: no tokens (head and clients)
     ray = str(Path(sys.executable).with_name("ray"))
     proc = subprocess.Popen(
         [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]

@@ -201,14 +201,20 @@ def _raw_sampler(cfg: CurateConfig):
     if cfg.executor == "ray":
         from thresher.flows.cluster import engine_pool
 
-        pool = engine_pool(cfg.ray, engine_kwargs(cfg))
-        return lambda prompts, messages, k: pool.sample(prompts, messages, k, params, cfg.lora)
+        # the engines run in other processes and on other nodes: absolute paths
+        kwargs = engine_kwargs(cfg) | {"model": _absolute(cfg.model)}
+        pool, lora = engine_pool(cfg.ray, kwargs), cfg.lora and _absolute(cfg.lora)
+        return lambda prompts, messages, k: pool.sample(prompts, messages, k, params, lora)
     from thresher.samplers.vllm_offline import render_prompts, sample
 
     llm = engine_for(cfg)
     return lambda prompts, messages, k: sample(
         llm, render_prompts(llm, prompts, messages), k=k, lora=cfg.lora, **params
     )
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).absolute()) if Path(path).exists() else path
 
 
 def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:

