@@ -19,6 +19,7 @@ from thresher.flows.config import RayConfig
 
 _POOL: dict[str, Any] = {"key": None, "pool": None}
 _POOL_LOCK = threading.Lock()
+_REMOTE: dict[str, Any] = {}
 
 
 def connect(address: str | None) -> None:
@@ -154,7 +155,9 @@ def verify_on_cluster(ray_cfg: RayConfig, name: str, options: dict[str, Any] | N
     import ray
 
     connect(ray_cfg.address)
-    task = ray.remote(num_cpus=1)(_verify_chunk)
+    if "verify" not in _REMOTE:  # exported to the cluster once per process
+        _REMOTE["verify"] = ray.remote(num_cpus=1)(_verify_chunk)
+    task = _REMOTE["verify"]
     step = ray_cfg.verify_chunk
     refs = [task.remote(name, options, rows.slice(i, step)) for i in range(0, rows.height, step)]
     return pl.concat(ray.get(refs), how="diagonal_relaxed")
