@@ -663,6 +663,15 @@ def _with_server():
     return sch
 
 
+def _schedule_action(action: str, name: str):
+    """`thresher.flows.schedule.<action>(name)` on the server; its errors without a traceback."""
+    sch = _with_server()
+    try:
+        return getattr(sch, action)(name)
+    except sch.ScheduleError as e:
+        fail(str(e))
+
+
 NameArg = Annotated[
     str, typer.Argument(help="Deployment name, or FLOW/NAME (see `thresher schedule list`).")
 ]
@@ -693,11 +702,7 @@ def schedule_pause(name: NameArg) -> None:
 
     A run in progress finishes. `thresher trigger` still starts runs of a paused deployment.
     """
-    sch = _with_server()
-    try:
-        full, cancelled = sch.pause(name)
-    except sch.ScheduleError as e:
-        fail(str(e))
+    full, cancelled = _schedule_action("pause", name)
     typer.echo(
         f"paused {full}"
         + (f"; cancelled {cancelled} scheduled run(s) that had not started" if cancelled else "")
@@ -708,22 +713,14 @@ def schedule_pause(name: NameArg) -> None:
 @schedule_app.command("resume")
 def schedule_resume(name: NameArg) -> None:
     """Resume a paused deployment's schedule (a runner must serve it: see `list`)."""
-    sch = _with_server()
-    try:
-        full = sch.resume(name)
-    except sch.ScheduleError as e:
-        fail(str(e))
+    full = _schedule_action("resume", name)
     typer.echo(f"resumed {full}")
 
 
 @schedule_app.command("delete")
 def schedule_delete(name: NameArg) -> None:
     """Delete a deployment and its scheduled runs (past runs stay on the server)."""
-    sch = _with_server()
-    try:
-        full = sch.delete(name)
-    except sch.ScheduleError as e:
-        fail(str(e))
+    full = _schedule_action("delete", name)
     typer.echo(f"deleted {full} (stop the `thresher schedule` process serving it, if any)")
 
 
