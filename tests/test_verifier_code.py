@@ -1,4 +1,4 @@
-"""The code verifier: real sandbox (bubblewrap when installed), real harness, real attacks."""
+"""The code verifier: real sandbox (bubblewrap when installed), real judge, real attacks."""
 
 import json
 import os
@@ -8,20 +8,25 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from thresher.verifiers.code import UnitTests, build_job, extract_code
+from thresher.verifiers.code import BadTests, UnitTests, build_job, extract_code, parse_tests
 from thresher.verifiers.sandbox import Job, Limits, bwrap_path, run_jobs
 
 TESTS = ["assert square(2) == 4", "assert square(3) == 9"]
 GOOD = "def square(x):\n    return x * x\n"
 LIMITS = Limits(timeout_s=3, cpu_s=3, memory_mb=512)
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")
 
+# Each of these must fail, whatever it does. The comment says what it tries.
 ATTACKS = {
     "wrong answer": "def square(x):\n    return x + x\n",
     "sys.exit(0) before the tests": "import sys\nsys.exit(0)\n",
     "os._exit(0) before the tests": "import os\nos._exit(0)\n",
     "os._exit(0) inside the solution": "import os\ndef square(x):\n    os._exit(0)\n",
+    "sys.exit(0) inside the solution": "import sys\ndef square(x):\n    sys.exit(0)\n",
+    "KeyboardInterrupt inside the solution": "def square(x):\n    raise KeyboardInterrupt\n",
     "prints fake success": "print('2/2 tests passed')\nprint('All tests passed: OK')\n",
     "infinite loop": "while True:\n    pass\n",
+    "infinite loop inside the solution": "def square(x):\n    while True:\n        pass\n",
     "sleeps past the timeout": "import time\ntime.sleep(60)\n",
     "memory hog": "hog = bytearray(8 * 1024 ** 3)\n",
     "fork bomb": "import os\nwhile True:\n    os.fork()\n",
@@ -31,13 +36,127 @@ ATTACKS = {
     ),
     "signals its parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)\n",
     "signals every process": "import os, signal\nos.kill(-1, signal.SIGKILL)\nos._exit(0)\n",
-    "forges the completion pipe": (
-        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x 2 2')\n"
-        "    except OSError:\n        pass\nos._exit(0)\n"
+    "signals the judge": (
+        "import os, signal\n"
+        "for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGALRM,"
+        " signal.SIGUSR1, signal.SIGSTOP):\n"
+        "    try:\n        os.kill(1, s)\n    except OSError:\n        pass\n"
+        "def square(x):\n    return x + x\n"
+    ),
+    "forges messages on every descriptor": (
+        "import json, os, struct\n"
+        "fake = [{'ready': ['square']}, {'shared': [2, 2, '', 2]}, {'passed': True},"
+        " {'exit': 0}, {'pid': 1}]\n"
+        "for fd in range(0, 1024):\n"
+        "    for m in fake:\n"
+        "        b = json.dumps(m).encode()\n"
+        "        try:\n"
+        "            os.write(fd, struct.pack('>I', len(b)) + b)\n"
+        "            os.write(fd, b'x 2 2\\n2/2 tests passed\\n')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "os._exit(0)\n"
     ),
     "disables assert via monkeypatch": (
         "import builtins\nbuiltins.AssertionError = type('E', (BaseException,), {})\n"
         "def square(x):\n    return 0\n"
+    ),
+    "replaces builtins the judge would use": (
+        "import builtins, json\n"
+        "builtins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: int\n"
+        "builtins.len = lambda *a: 0\nbuiltins.repr = lambda *a: '4'\n"
+        "json.dumps = lambda *a, **k: '{\"ok\": 4}'\njson.loads = lambda *a, **k: {'ok': 4}\n"
+        "def square(x):\n    return 0\n"
+    ),
+    "shadows builtins the tests use": (
+        "def square(x):\n    return 0\n"
+        "def sorted(*a, **k):\n    return [1, 4, 9]\n"
+        "def abs(x):\n    return 0\n"
+        "def len(x):\n    return 3\n"
+    ),
+    "walks the frames to the harness": (
+        "import gc, os, socket, struct, json, sys\n"
+        "def square(x):\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        for k, v in list(f.f_locals.items()) + list(f.f_globals.items()):\n"
+        "            if isinstance(v, socket.socket):\n"
+        "                for m in ({'shared': [2, 2, '', 2]}, {'passed': True}):\n"
+        "                    b = json.dumps(m).encode()\n"
+        "                    try:\n"
+        "                        v.sendall(struct.pack('>I', len(b)) + b)\n"
+        "                    except OSError:\n"
+        "                        pass\n"
+        "            if isinstance(v, str) and len(v) == 32:\n"
+        "                try:\n"
+        "                    os.write(3, f'{v} 2 2'.encode())\n"
+        "                except OSError:\n"
+        "                    pass\n"
+        "        f = f.f_back\n"
+        "    return x + x\n"
+    ),
+    "reads the tests from its own memory": (
+        "import gc, re\n"
+        "def square(x):\n"
+        "    for o in gc.get_objects():\n"
+        "        items = o.values() if isinstance(o, dict) else o if isinstance(o, list) else ()\n"
+        "        for s in list(items):\n"
+        "            if isinstance(s, str):\n"
+        "                m = re.search(r'square\\(%d\\) == (\\d+)' % x, s)\n"
+        "                if m:\n"
+        "                    return int(m.group(1))\n"
+        "    return x + x\n"
+    ),
+    "reads the judge's memory and descriptors": (
+        "import os, re\n"
+        "found = {}\n"
+        "for path in ('/proc/1/mem', '/proc/1/environ', '/proc/1/fd/0', '/proc/1/cmdline'):\n"
+        "    try:\n"
+        "        data = open(path, 'rb').read(1 << 20).decode('latin-1')\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    for a, b in re.findall(r'square\\((\\d+)\\) == (\\d+)', data):\n"
+        "        found[int(a)] = int(b)\n"
+        "def square(x):\n    return found.get(x, x + x)\n"
+    ),
+    "ptraces the judge": (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.ptrace(16, 1, 0, 0) == -1  # PTRACE_ATTACH must be refused\n"
+        "def square(x):\n    return x + x\n"
+    ),
+    "always-equal object": (
+        "class Eq:\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "def square(x):\n    return Eq()\n"
+    ),
+    "int subclass that equals everything": (
+        "class I(int):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def square(x):\n    return I(0)\n"
+    ),
+    "str subclass": "class S(str):\n    pass\ndef square(x):\n    return S(x * x)\n",
+    "bool posing as the answer": "def square(x):\n    return True\n",
+    "returns a generator": "def square(x):\n    yield x * x\n",
+    "returns a function": "def square(x):\n    return lambda: x * x\n",
+    "returns NotImplemented": "def square(x):\n    return NotImplemented\n",
+    "returns a self-containing list": "def square(x):\n    l = []\n    l.append(l)\n    return l\n",
+    "returns a huge value": "def square(x):\n    return 'x' * (64 * 1024 * 1024)\n",
+    "leaves a daemon behind": (
+        "import os, signal, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        end = time.time() + 8\n"
+        "        while time.time() < end:\n"
+        "            try:\n"
+        "                os.kill(-1, signal.SIGKILL)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "            time.sleep(0.01)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "def square(x):\n    return x + x\n"
     ),
 }
 
@@ -49,29 +168,56 @@ def test_extract_code():
 
 def test_correct_solution_passes():
     [outcome] = run_jobs([Job(GOOD, TESTS)], LIMITS)
-    assert outcome.passed and outcome.reason == "2/2 tests passed"
+    assert outcome.passed, outcome.reason
+    assert outcome.reason.startswith("2/2 tests passed")
 
 
-@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")
+@needs_bwrap
 def test_attacks_fail_and_harm_nothing(tmp_path):
     marker = tmp_path / "pipeline-file"
     marker.write_text("precious")
-    jobs = [Job(code, TESTS) for code in ATTACKS.values()] + [Job(GOOD, TESTS)]
-    outcomes = run_jobs(jobs, LIMITS, workers=2, chunk=4)
-    for (name, _), outcome in zip(ATTACKS.items(), outcomes, strict=False):
+    names = list(ATTACKS)
+    # a correct solution after every few attacks, in the same sandboxes
+    jobs = []
+    for i, name in enumerate(names):
+        jobs.append(Job(ATTACKS[name], TESTS))
+        if i % 4 == 3:
+            jobs.append(Job(GOOD, TESTS))
+    jobs.append(Job(GOOD, TESTS))
+    outcomes = run_jobs(jobs, LIMITS, workers=2, chunk=5)
+    reasons = {}
+    attack_outcomes = iter(o for j, o in zip(jobs, outcomes, strict=True) if j.code != GOOD)
+    for name, outcome in zip(names, attack_outcomes, strict=True):
         assert not outcome.passed, f"{name} passed: {outcome.reason}"
         assert outcome.reason, name
-    assert outcomes[-1].passed  # a good solution after the attacks still passes
+        reasons[name] = outcome.reason
+    good = [o for j, o in zip(jobs, outcomes, strict=True) if j.code == GOOD]
+    assert all(o.passed for o in good), [o.reason for o in good if not o.passed]
     assert marker.read_text() == "precious"
     assert not Path("/usr/lib/pwned").exists()
-    reasons = dict(zip(ATTACKS, (o.reason for o in outcomes), strict=False))
-    assert "timed out" in reasons["infinite loop"] or "signal" in reasons["infinite loop"]
+    assert "timed out" in reasons["infinite loop"]
     assert "timed out" in reasons["sleeps past the timeout"]
     assert "Read-only file system" in reasons["writes outside the sandbox"]
     assert "unreachable" in reasons["reaches the network"].lower()
+    assert "tried to exit (SystemExit)" in reasons["sys.exit(0) inside the solution"]
+    assert "exited" in reasons["os._exit(0) inside the solution"]
+    for name in ("always-equal object", "int subclass that equals everything", "str subclass"):
+        assert "only plain values" in reasons[name], reasons[name]
+    assert "returned 6" in reasons["reads the tests from its own memory"]
+    assert "returned 6" in reasons["reads the judge's memory and descriptors"]
+    assert "returned 0" in reasons["shadows builtins the tests use"]
+    assert "output limit" in reasons["returns a huge value"]
 
 
-@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")
+def test_parent_survives_its_children(tmp_path):
+    before = os.getpid()
+    run_jobs([Job(ATTACKS["signals every process"], TESTS)], LIMITS)
+    assert os.getpid() == before
+    os.kill(os.getpid(), 0)  # still alive and signalable
+    assert signal.getsignal(signal.SIGTERM) is not None
+
+
+@needs_bwrap
 def test_sandbox_sees_no_pipeline_files_or_environment(monkeypatch):
     monkeypatch.setenv("THRESHER_SECRET", "hunter2")
     probe = (
@@ -84,14 +230,6 @@ def test_sandbox_sees_no_pipeline_files_or_environment(monkeypatch):
     assert outcome.passed, outcome.reason
 
 
-def test_parent_survives_its_children(tmp_path):
-    before = os.getpid()
-    run_jobs([Job(ATTACKS["signals every process"], TESTS)], LIMITS)
-    assert os.getpid() == before
-    os.kill(os.getpid(), 0)  # still alive and signalable
-    assert signal.getsignal(signal.SIGTERM) is not None
-
-
 def test_check_function_and_entry_point():
     tests = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
     good, bad = (
@@ -101,13 +239,134 @@ def test_check_function_and_entry_point():
     assert [o.passed for o in run_jobs([good, bad], LIMITS)] == [True, False]
 
 
+def test_the_prompt_helpers_are_the_judges_own():
+    """HumanEval/32 style: tests check the answer with a helper the prompt defines; a
+    candidate that redefines the helper to accept anything still fails."""
+    prompt = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
+    prompt += "def find_zero(xs):\n    '''A zero of the polynomial.'''\n"
+    tests = (
+        "def check(candidate):\n    assert abs(poly([-4, 0, 1], candidate([-4, 0, 1]))) < 1e-6\n"
+    )
+    meta = json.dumps({"entry_point": "find_zero"})
+    honest = build_job("    return 2.0\n", prompt, tests, meta)
+    cheat = build_job(
+        "def poly(xs, x):\n    return 0\ndef find_zero(xs):\n    return 123.0\n",
+        prompt,
+        tests,
+        meta,
+    )
+    outcomes = run_jobs([honest, cheat], LIMITS)
+    assert outcomes[0].passed, outcomes[0].reason
+    assert not outcomes[1].passed and "returned 123.0" in outcomes[1].reason
+
+
+@pytest.mark.parametrize(
+    "tests, meta, reason",
+    [
+        (None, None, "no tests for this prompt"),
+        ("  ", None, "no tests for this prompt"),
+        ("[]", None, "the test list is empty"),
+        (json.dumps(["square(2)", "x = 1"]), None, "the tests assert nothing"),
+        ("print('hello')\nsquare(3)\n", None, "the tests assert nothing"),
+        ("def check(candidate):\n    assert candidate(2) == 4\n", None, "no entry_point"),
+        ("def check(candidate):\n    assert candidate(2) == 4\n", "{}", "no entry_point"),
+        ("assert square(2) ==", None, "does not compile"),
+        (json.dumps([{"input": "1"}]), None, "malformed stdin/stdout test 1"),
+        (json.dumps([{"input": "1", "output": 2}]), None, "malformed stdin/stdout test 1"),
+        (json.dumps(["assert f(1)", {"input": "", "output": ""}]), None, "malformed tests"),
+        (json.dumps({"a": 1}), None, "malformed tests"),
+    ],
+)
+def test_tests_that_cannot_fail_are_failed_verdicts(tests, meta, reason):
+    with pytest.raises(BadTests, match=reason):
+        build_job(GOOD, "", tests, meta)
+
+
+def test_tests_that_never_call_the_code_or_check_nothing_fail():
+    jobs = [
+        Job(GOOD, ["assert 1 == 1"]),  # asserts, but never calls the candidate
+        Job(
+            GOOD,
+            "def check(candidate):\n    candidate(2)\n    if False:\n        assert 0\n",
+            "square",
+        ),
+        Job(GOOD, ["import math", "assert math.isclose(square(2), 4.0)"]),  # setup + test
+    ]
+    outcomes = run_jobs(jobs, LIMITS)
+    assert not outcomes[0].passed and "never called" in outcomes[0].reason
+    assert not outcomes[1].passed and "checked no assertion" in outcomes[1].reason
+    assert outcomes[2].passed and outcomes[2].reason.startswith("1/1 tests passed")
+
+
+def test_exceptions_cross_as_builtin_types_and_test_code_cannot_swallow_a_stop():
+    code = "def parse(s):\n    return int(s)\ndef weird(x):\n    class E: pass\n    return E()\n"
+    raises = "def check(candidate):\n    try:\n        candidate('x')\n    except ValueError:\n"
+    raises += "        pass\n    else:\n        assert False\n    assert candidate('7') == 7\n"
+    swallow = [
+        "try:\n    weird(1)\nexcept BaseException:\n    pass",
+        "assert parse('1') == 1",
+    ]
+    outcomes = run_jobs([Job(code, raises, "parse"), Job(code, swallow)], LIMITS)
+    assert outcomes[0].passed, outcomes[0].reason
+    assert not outcomes[1].passed and "only plain values" in outcomes[1].reason
+
+
+def test_plain_values_of_every_kind_cross_exactly():
+    code = (
+        "def echo(x):\n    return x\n"
+        "def make():\n    return {1: (2, 3.5), 'a': [None, True, b'\\x00', {4}, frozenset({5})],"
+        " 2 ** 80: -2 ** 70, 'c': 1 + 2j}\n"
+    )
+    tests = [
+        "assert make() == {1: (2, 3.5), 'a': [None, True, b'\\x00', {4}, frozenset({5})],"
+        " 2 ** 80: -2 ** 70, 'c': 1 + 2j}",
+        "assert type(make()[1]) is tuple and type(make()['a'][3]) is set",
+        "assert echo(True) is True and echo(None) is None and type(echo(1)) is int",
+        "assert echo(float('inf')) == float('inf') and echo(-0.0) == 0.0",
+        "assert echo('é\\u2603') == 'é\\u2603' and echo(10 ** 400) == 10 ** 400",
+    ]
+    [outcome] = run_jobs([Job(code, tests)], LIMITS)
+    assert outcome.passed, outcome.reason
+
+
+def test_arguments_that_are_not_plain_are_refused_with_a_hint():
+    [outcome] = run_jobs([Job(GOOD, ["assert square(object()) == 0"])], LIMITS)
+    assert not outcome.passed and "isolation: shared" in outcome.reason
+
+
+def test_shared_isolation_runs_tests_beside_the_code():
+    code = "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+    tests = ["b = Box(3)", "assert b.v == 3"]
+    judged, shared = run_jobs([Job(code, tests), Job(code, tests, isolation="shared")], LIMITS)
+    assert not judged.passed and "only plain values" in judged.reason
+    assert shared.passed and "isolation: shared" in shared.reason
+
+
+def test_per_test_time_limit():
+    code = "import time\ndef f(x):\n    time.sleep(x)\n    return x\n"
+    tests = ["assert f(0) == 0", "assert f(5) == 5"]
+    [outcome] = run_jobs([Job(code, tests)], Limits(timeout_s=8, test_timeout_s=1))
+    assert not outcome.passed and "test 2 timed out after 1 s" in outcome.reason
+    assert outcome.elapsed_ms < 4000
+
+
 def test_build_job_completes_the_prompt_when_the_entry_point_is_missing():
     meta = json.dumps({"entry_point": "add"})
-    job = build_job("    return a + b\n", "def add(a, b):\n", "def check(c): pass", meta)
+    tests = "def check(c):\n    assert c(1, 2) == 3\n"
+    job = build_job("    return a + b\n", "def add(a, b):\n", tests, meta)
     assert job.code == "def add(a, b):\n    return a + b\n" and job.entry_point == "add"
-    job = build_job("```python\ndef add(a, b):\n    return a+b\n```", "def add(a, b):\n", "x", meta)
+    job = build_job(
+        "```python\ndef add(a, b):\n    return a+b\n```", "def add(a, b):\n", tests, meta
+    )
     assert job.code.startswith("def add")  # a full definition is used as it is
-    assert build_job("x", "p", None, None) is None
+    assert job.prompt == "def add(a, b):\n"
+
+
+def test_parse_tests_kinds():
+    assert parse_tests(json.dumps(TESTS), None) == TESTS
+    stdio = [{"input": "1\n", "output": "2\n"}]
+    assert parse_tests(json.dumps(stdio), None) == stdio
+    assert parse_tests("assert f(1) == 2", None) == "assert f(1) == 2"
 
 
 def test_verifier_batch_interface():
@@ -123,6 +382,8 @@ def test_verifier_batch_interface():
     out = UnitTests(timeout_s=3).run(batch)
     assert out["passed"].to_list() == [True, False, False]
     assert out["reason"][2] == "no tests for this prompt"
+    with pytest.raises(ValueError, match="isolation"):
+        UnitTests(isolation="none")
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +393,7 @@ def humaneval():
     return list(read_problems().values())
 
 
-def _body_returns_none(problem):
-    return "    return None\n"
-
-
-@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")
+@needs_bwrap
 def test_humaneval_canonical_solutions_pass_and_stubs_fail(humaneval):
     assert len(humaneval) == 164
 
@@ -155,7 +412,7 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(humaneval):
     good = verifier.run(batch([p["canonical_solution"] for p in humaneval]))
     failed = good.filter(~pl.col("passed"))
     assert failed.height == 0, failed.select("candidate_id", "reason").rows()[:5]
-    stubs = verifier.run(batch([_body_returns_none(p) for p in humaneval]))
+    stubs = verifier.run(batch(["    return None\n"] * len(humaneval)))
     passed = stubs.filter(pl.col("passed"))
     assert passed.height == 0, passed.select("candidate_id", "reason").rows()[:5]
 
@@ -171,10 +428,11 @@ def test_without_bubblewrap_it_warns_once_and_still_judges(monkeypatch):
                 Job(GOOD, TESTS),
                 Job(ATTACKS["wrong answer"], TESTS),
                 Job(ATTACKS["os._exit(0) before the tests"], TESTS),
+                Job(ATTACKS["always-equal object"], TESTS),
             ],
             LIMITS,
         )
-    assert [o.passed for o in outcomes] == [True, False, False]
+    assert [o.passed for o in outcomes] == [True, False, False, False]
     import warnings
 
     with warnings.catch_warnings():

@@ -1,7 +1,8 @@
-"""The `code` verifier: the candidate's code passes the prompt's unit tests in a sandbox."""
+"""The `code` verifier: the candidate's code passes the prompt's tests, judged in a sandbox."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -11,6 +12,11 @@ from thresher.verifiers.base import Verdict, verdict_frame
 from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+ISOLATIONS = ("judge", "shared")
+
+
+class BadTests(ValueError):
+    """The prompt's tests cannot judge anything; the message is the verdict's reason."""
 
 
 def extract_code(text: str) -> str:
@@ -19,59 +25,125 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
-def build_job(text: str, prompt: str | None, tests: str | None, meta: str | None) -> Job | None:
-    """A sandbox job from a candidate and its prompt's tests; None when there are no tests.
+def _syntax(source: str, what: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as e:
+        raise BadTests(f"{what} does not compile: {e.msg} (line {e.lineno})") from None
 
-    `tests` is a JSON list of assert statements, or test code; with `entry_point` in the
-    prompt's meta, test code defining `check(candidate)` is called on that function. A
-    candidate that does not define the entry point is taken as a completion of the prompt
-    (HumanEval style) and appended to it.
+
+def _asserts(tree: ast.AST) -> bool:
+    return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
+
+
+def parse_tests(tests: str | None, entry_point: str | None) -> str | list:
+    """The prompt's tests, checked so that they can fail; raises BadTests otherwise.
+
+    Accepted: a JSON list of assert statements (statements without an assert run as
+    setup), a JSON list of {"input", "output"} objects (stdin/stdout), or test code.
     """
-    if not tests or not tests.strip():
-        return None
+    if tests is None or not tests.strip():
+        raise BadTests("no tests for this prompt")
     try:
         parsed = json.loads(tests)
     except json.JSONDecodeError:
         parsed = tests
-    if isinstance(parsed, list):
-        tests_value: str | list[str] = [str(t) for t in parsed]
-    else:
-        tests_value = tests
+    if isinstance(parsed, str):
+        tree = _syntax(parsed, "the test code")
+        defines_check = any(
+            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == "check"
+            for n in tree.body
+        )
+        if defines_check and not entry_point:
+            raise BadTests(
+                "the tests define check(candidate) but the prompt's meta has no entry_point, "
+                "so check would never be called"
+            )
+        if not _asserts(tree):
+            raise BadTests("the tests assert nothing")
+        return parsed
+    if not isinstance(parsed, list):
+        raise BadTests(f"malformed tests: a JSON {type(parsed).__name__}, not a list or code")
+    if not parsed:
+        raise BadTests("the test list is empty")
+    if all(isinstance(t, dict) for t in parsed):
+        for i, t in enumerate(parsed, 1):
+            if not (isinstance(t.get("input"), str) and isinstance(t.get("output"), str)):
+                raise BadTests(f"malformed stdin/stdout test {i}: needs string input and output")
+        return parsed
+    if not all(isinstance(t, str) for t in parsed):
+        raise BadTests("malformed tests: a list must hold only strings or only objects")
+    trees = [_syntax(t, f"test {i}") for i, t in enumerate(parsed, 1)]
+    if not any(_asserts(t) for t in trees):
+        raise BadTests("the tests assert nothing")
+    return parsed
+
+
+def build_job(
+    text: str,
+    prompt: str | None,
+    tests: str | None,
+    meta: str | None,
+    isolation: str = "judge",
+) -> Job:
+    """A sandbox job from a candidate and its prompt's tests; raises BadTests.
+
+    With `entry_point` in the prompt's meta, test code defining `check(candidate)` is
+    called on that function, and a candidate that does not define the entry point is
+    taken as a completion of the prompt (HumanEval style) and appended to it.
+    """
     entry = None
     if meta:
         try:
             entry = json.loads(meta).get("entry_point")
         except (json.JSONDecodeError, AttributeError):
             entry = None
+    parsed = parse_tests(tests, entry)
     code = extract_code(text)
     if entry and prompt and not re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
         code = prompt + code
-    return Job(code, tests_value, entry)
+    return Job(code, parsed, entry, prompt, isolation)
 
 
 class UnitTests:
-    """Run each candidate's code with its prompt's tests in a sandbox, many in parallel.
+    """Run each candidate's code against its prompt's tests in sandboxes, many in parallel.
 
-    Options: `timeout_s`, `cpu_s`, `memory_mb`, `file_mb`, `max_procs` (per candidate),
+    Options: `timeout_s` (all of one candidate's tests), `test_timeout_s` (one test),
+    `cpu_s`, `memory_mb`, `file_mb`, `max_procs`, `output_mb` (per candidate process),
+    `abs_tol` / `rel_tol` (numbers in stdin/stdout output), `isolation` ("judge", the
+    default: tests run in a judge process the code cannot reach; "shared": tests run in
+    the candidate's own process, needed for tests that touch its objects, and forgeable),
     `workers` (sandboxes at once; default: CPU count).
     """
 
     name = "code"
 
-    def __init__(self, workers: int | None = None, **limits):
+    def __init__(self, workers: int | None = None, isolation: str = "judge", **limits):
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.limits = Limits(**limits)
         self.workers = workers
+        self.isolation = isolation
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         rows = batch.to_dicts()
+        verdicts = [Verdict(0.0, False, "")] * len(rows)
+        elapsed = [0.0] * len(rows)
         jobs, index = [], []
         for i, row in enumerate(rows):
-            job = build_job(row["text"], row.get("prompt"), row.get("tests"), row.get("meta"))
-            if job is not None:
-                jobs.append(job)
+            try:
+                jobs.append(
+                    build_job(
+                        row["text"],
+                        row.get("prompt"),
+                        row.get("tests"),
+                        row.get("meta"),
+                        self.isolation,
+                    )
+                )
                 index.append(i)
-        verdicts = [Verdict(0.0, False, "no tests for this prompt")] * len(rows)
-        elapsed = [0.0] * len(rows)
+            except BadTests as e:
+                verdicts[i] = Verdict(0.0, False, str(e))
         for i, outcome in zip(index, run_jobs(jobs, self.limits, self.workers), strict=True):
             verdicts[i] = Verdict(float(outcome.passed), outcome.passed, outcome.reason)
             elapsed[i] = outcome.elapsed_ms
