@@ -72,7 +72,27 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
-@app.command()
+def _ingest_help() -> str:
+    from thresher.stores.presets import help_lines
+
+    lines = "\n".join(f"- {line}" for line in help_lines())
+    return (
+        "Load prompts into the lake. Bad rows are kept in `rejects` with a reason.\n\n"
+        "Each row needs a prompt (or chat `messages`) and a task. Ingesting the same rows "
+        "again adds nothing: prompt ids are content hashes. Exits non-zero only when no "
+        "valid row was read.\n\n"
+        "--preset NAME reads a known dataset in its own columns (other columns go to meta; "
+        "--map and --task still win):\n\n"
+        f"{lines}\n\n"
+        "MBPP prompts alone do not name the function, so its first test is appended to the "
+        "prompt (as MBPP harnesses do). APPS/TACO problems whose function is a method of a "
+        "class (LeetCode's `class Solution`) are rejected: their tests need the code "
+        "verifier's isolation: shared. Aliases: Hub ids (openai/gsm8k, deepmind/code_contests, "
+        "BAAI/TACO ...), human-eval, competition_math, math-500, mbpp-sanitized, code_contests."
+    )
+
+
+@app.command(help=_ingest_help())
 def ingest(
     path: Annotated[
         Path,
@@ -102,14 +122,19 @@ def ingest(
         SourceFormat | None,
         typer.Option("--format", help="Source format. Default: from the file name."),
     ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            "-p",
+            help="Read a known dataset's own columns: gsm8k, math, humaneval, mbpp, apps, "
+            "codecontests, taco (see above).",
+            show_default=False,
+        ),
+    ] = None,
     lake: LakeOption = None,
 ) -> None:
-    """Load prompts into the lake. Bad rows are kept in `rejects` with a reason.
-
-    Each row needs a prompt (or chat `messages`) and a task. Ingesting the same rows
-    again adds nothing: prompt ids are content hashes. Exits non-zero only when no
-    valid row was read.
-    """
+    """Load prompts into the lake (see the command's help text)."""
     from thresher.stores.ingest import IngestError, parse_mapping
     from thresher.stores.ingest import ingest as do_ingest
     from thresher.stores.lake import Lake
@@ -117,7 +142,14 @@ def ingest(
     try:
         mapping = parse_mapping(map_ or [])
         report = do_ingest(
-            Lake(lake), path, dataset, split.value, mapping, task, fmt.value if fmt else None
+            Lake(lake),
+            path,
+            dataset,
+            split.value,
+            mapping,
+            task,
+            fmt.value if fmt else None,
+            preset,
         )
     except IngestError as e:
         fail(str(e))
@@ -127,6 +159,8 @@ def ingest(
     )
     for reason, n in report.reasons.most_common():
         typer.echo(f"  rejected {n:>6}  {reason}")
+    for hint, n in report.hints.most_common():
+        typer.echo(f"  hint ({n} rows): {hint}")
     if report.rejected:
         typer.echo(
             '  see them with: thresher sql "SELECT line, reason, raw FROM rejects '

@@ -37,6 +37,7 @@ class IngestReport:
     already_present: int = 0
     rejected: int = 0
     reasons: Counter = field(default_factory=Counter)
+    hints: Counter = field(default_factory=Counter)  # e.g. "this looks like GSM8K: ..."
 
     @property
     def valid(self) -> int:
@@ -68,7 +69,8 @@ def detect_format(path: Path) -> str:
         if name:
             return name
     raise IngestError(
-        f"cannot tell the format of {path}: use .jsonl, .json, .csv, .parquet or a folder "
+        f"cannot tell the format of {path}: use .jsonl, .json, .csv (each may be .gz), "
+        ".parquet or a folder "
         "saved with datasets' save_to_disk (or pass --format)"
     )
 
@@ -89,8 +91,17 @@ def _as_object(value: Any) -> dict:
     return value
 
 
+def _open(path: Path, mode: str = "rb", **kwargs):
+    """Open a file, decompressing `.gz` on the fly (HumanEval ships as .jsonl.gz)."""
+    if path.suffix.lower() == ".gz":
+        import gzip
+
+        return gzip.open(path, mode if "b" in mode else mode + "t", **kwargs)
+    return open(path, mode, **kwargs)
+
+
 def read_jsonl(path: Path) -> Iterator[RawRow]:
-    with open(path, "rb") as f:
+    with _open(path) as f:
         for line_no, data in enumerate(f, start=1):
             if not data.strip():
                 continue
@@ -106,7 +117,8 @@ def read_jsonl(path: Path) -> Iterator[RawRow]:
 
 
 def read_json(path: Path) -> Iterator[RawRow]:
-    data = path.read_bytes()
+    with _open(path) as f:
+        data = f.read()
     try:
         text = _decode(data)
     except RowError as e:
@@ -129,7 +141,7 @@ def read_json(path: Path) -> Iterator[RawRow]:
 
 
 def read_csv(path: Path) -> Iterator[RawRow]:
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+    with _open(path, "r", encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f)
         start = reader.line_num + 1
         for row in reader:
@@ -244,12 +256,7 @@ def normalise(record: dict, mapping: dict[str, str], default_task: str | None) -
 
     tests = _maybe_json(get["tests"])
     if tests is not None:
-        ok = isinstance(tests, str) or (
-            isinstance(tests, list) and all(isinstance(t, str) for t in tests)
-        )
-        if not ok:
-            raise RowError(f"wrong type: {where('tests')} must be a string or a list of strings")
-        tests = tests if isinstance(tests, str) else json.dumps(tests, ensure_ascii=False)
+        tests = _check_tests(tests, where("tests"))
 
     meta = _maybe_json(get["meta"])
     if meta is not None and not isinstance(meta, dict):
@@ -265,6 +272,42 @@ def normalise(record: dict, mapping: dict[str, str], default_task: str | None) -
         "tests": tests,
         "meta": json.dumps(meta, ensure_ascii=False, default=str, sort_keys=True),
     }
+
+
+def _check_tests(tests: Any, where: str) -> str:
+    """Test code, assert statements or {input, output} objects as text; never empty tests."""
+    if isinstance(tests, str):
+        if not tests.strip():
+            raise RowError(f"empty tests: {where} is blank")
+        return tests
+    kinds = "a string, a list of strings, or a list of {input, output} objects"
+    if not isinstance(tests, list):
+        raise RowError(f"wrong type: {where} must be {kinds}, got {_type_name(tests)}")
+    if not tests:
+        raise RowError(f"empty tests: {where} is an empty list")
+    if all(isinstance(t, str) for t in tests):
+        blank = next((i for i, t in enumerate(tests, start=1) if not t.strip()), None)
+        if blank:
+            raise RowError(f"empty tests: test {blank} of {where} is blank")
+    elif all(isinstance(t, dict) for t in tests):
+        for i, t in enumerate(tests, start=1):
+            _check_io_test(t, f"test {i} of {where}")
+    else:
+        raise RowError(f"wrong type: {where} must be {kinds}, not a mix")
+    return json.dumps(tests, ensure_ascii=False)
+
+
+def _check_io_test(test: dict, where: str) -> None:
+    unknown = sorted(set(test) - {"input", "output"})
+    if unknown:
+        raise RowError(f"wrong type: {where} has unknown keys {unknown} (allowed: input, output)")
+    for key in ("input", "output"):
+        if key not in test:
+            raise RowError(f"wrong type: {where} has no '{key}'")
+        if not isinstance(test[key], str):
+            raise RowError(
+                f"wrong type: {where}: '{key}' must be a string, got {_type_name(test[key])}"
+            )
 
 
 def _check_messages(messages: Any, where: str) -> list[dict]:
@@ -320,6 +363,7 @@ def ingest(
     mapping: dict[str, str] | None = None,
     task: str | None = None,
     fmt: str | None = None,
+    preset: str | None = None,
 ) -> IngestReport:
     """Ingest one file or saved dataset into `prompts`; bad rows go to `rejects`."""
     path = Path(path)
@@ -332,6 +376,10 @@ def ingest(
         raise IngestError(
             f"--map names unknown field(s) {sorted(unknown)}; fields are {', '.join(FIELDS)}"
         )
+    # a preset turns each row into prompt fields first; --map and --task still win
+    chosen, explicit = _find_preset(preset) if preset else None, mapping or {}
+    if chosen:
+        task, mapping = task or chosen.task, {}
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
         raise IngestError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -363,9 +411,10 @@ def ingest(
             reject(row, row.error)
             continue
         try:
-            fields = normalise(row.record, mapping or {}, task)
+            record = chosen.transform(row.record, explicit) if chosen else row.record
+            fields = normalise(record, mapping or {}, task)
         except RowError as e:
-            reject(row, str(e))
+            reject(row, str(e) if chosen else _with_hint(str(e), row.record, report))
             continue
         prompt_id = content_id(dataset, fields["prompt"], fields["messages"])
         new = {
@@ -402,6 +451,29 @@ def ingest(
     report.ingested = lake.append("prompts", fresh)
     lake.append("rejects", rejects)
     return report
+
+
+def _find_preset(name: str):
+    from thresher.stores.presets import PRESETS, find_preset
+
+    found = find_preset(name)
+    if found is None:
+        raise IngestError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return found
+
+
+def _with_hint(reason: str, record: dict, report: IngestReport) -> str:
+    """`reason`, plus which preset (or --map) fits when a known dataset's row lacks a field."""
+    missing = next((f for f in ("prompt", "task") if reason.startswith(f"missing {f}")), None)
+    if missing is None:
+        return reason
+    from thresher.stores.presets import suggest
+
+    hint = suggest(record, missing)
+    if hint is None:
+        return reason
+    report.hints[hint] += 1
+    return f"{reason} ({hint})"
 
 
 def _raw_of(row: dict) -> str:
