@@ -166,3 +166,27 @@ def test_code_verification_spreads_over_the_cluster(ray_cluster):
     assert remote["candidate_id"].to_list() == rows["candidate_id"].to_list()
     assert remote["passed"].to_list() == local["passed"].to_list()
     assert remote["passed"].to_list() == [True] * len(problems) + [False] * len(problems)
+
+
+def test_math_timeout_holds_in_a_ray_task(ray_cluster):
+    """A pathological answer verified inside a Ray task (where math-verify's signal alarm
+    cannot fire) fails with "timed out" within timeout_s + 2 s; the normal answer in the
+    same chunk passes."""
+    import polars as pl
+
+    from thresher.flows.cluster import verify_on_cluster
+    from thresher.flows.config import RayConfig
+
+    rows = pl.DataFrame(
+        {
+            "candidate_id": ["tower", "half"],
+            "text": [r"\boxed{9^{9^{9^{9}}}}", r"so \boxed{\frac{1}{2}}"],
+            "answer": ["1", "0.5"],
+        }
+    )
+    ray_cfg = RayConfig(address=ray_cluster, verify_chunk=2)  # one task holds both
+    out = verify_on_cluster(ray_cfg, "math", {"timeout_s": 2}, rows)
+    got = {r["candidate_id"]: r for r in out.to_dicts()}
+    assert "timed out" in got["tower"]["reason"] and not got["tower"]["passed"]
+    assert got["tower"]["elapsed_ms"] < (2 + 2) * 1000
+    assert got["half"]["passed"], got["half"]["reason"]
