@@ -18,6 +18,12 @@ class Verdict:
     reason: str
 
 
+def quote(text: object, limit: int = 160) -> str:
+    """repr() of `text`, cut to `limit` characters: a reason quotes, it does not copy."""
+    s = str(text)
+    return repr(s if len(s) <= limit else s[:limit] + "...")
+
+
 def verdict_frame(
     name: str, candidate_ids: list[str], verdicts: list[Verdict], elapsed_ms: list[float]
 ) -> pl.DataFrame:

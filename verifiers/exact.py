@@ -6,7 +6,7 @@ import re
 
 import polars as pl
 
-from thresher.verifiers.base import Verdict, map_rows
+from thresher.verifiers.base import Verdict, map_rows, quote
 from thresher.verifiers.extract import extract_answer
 
 
@@ -30,8 +30,8 @@ def judge(text: str, reference: str | None) -> Verdict:
         return Verdict(0.0, False, "no answer found")
     got, want = normalise(answer), normalise(str(reference))
     if got == want:
-        return Verdict(1.0, True, f"{how}: {answer!r} == {reference!r}")
-    return Verdict(0.0, False, f"{how}: {answer!r} != {reference!r}")
+        return Verdict(1.0, True, f"{how}: {quote(answer)} == {quote(reference)}")
+    return Verdict(0.0, False, f"{how}: {quote(answer)} != {quote(reference)}")
 
 
 class ExactMatch:

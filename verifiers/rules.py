@@ -7,7 +7,7 @@ import re
 
 import polars as pl
 
-from thresher.verifiers.base import Verdict, map_rows
+from thresher.verifiers.base import Verdict, map_rows, quote
 from thresher.verifiers.extract import final_answers
 
 _LETTER = re.compile(r"^\(?([A-Za-z])\)?[.:)]?$")
@@ -25,7 +25,7 @@ class Choice:
 
     def judge(self, text: str, reference: str | None) -> Verdict:
         if not reference or not _LETTER.match(reference.strip()):
-            return Verdict(0.0, False, f"reference {reference!r} is not a choice letter")
+            return Verdict(0.0, False, f"reference {quote(reference)} is not a choice letter")
         want = _LETTER.match(reference.strip()).group(1).upper()
         answers, how = final_answers(text)
         if not answers or how == "last number":
@@ -36,7 +36,7 @@ class Choice:
             letters |= {whole.group(1).upper()} if whole else set(_LETTERS_IN.findall(a))
         if len(letters) != 1:
             what = "no letter" if not letters else f"several letters {sorted(letters)}"
-            return Verdict(0.0, False, f"{how}: {what} in {answers[-1]!r}")
+            return Verdict(0.0, False, f"{how}: {what} in {quote(answers[-1])}")
         got = letters.pop()
         passed = got == want
         return Verdict(float(passed), passed, f"{how}: chose {got}, reference {want}")
@@ -71,7 +71,8 @@ class Regex:
             subject = answers[-1]
         passed = rx.fullmatch(subject) is not None
         verb = "matches" if passed else "does not match"
-        return Verdict(float(passed), passed, f"{how}: {subject[:80]!r} {verb} /{reference}/")
+        shown = f"{quote(subject, 80)} {verb} /{reference[:160]}/"
+        return Verdict(float(passed), passed, f"{how}: {shown}")
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         return map_rows(self.name, batch, lambda row: self.judge(row["text"], row["answer"]))
