@@ -5,7 +5,7 @@ import json
 import pytest
 
 from thresher.trainers.data import IGNORE, build_examples, encode
-from thresher.trainers.sft import TrainSpec, load_model, train
+from thresher.trainers.sft import TrainSpec, eval_split_size, load_model, train
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +121,115 @@ def test_trained_model_answers_greedily(memorised, tokenizer, made_up_pairs):
         assert tokenizer.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip() == a
     lineage = json.loads((out / "thresher_train.json").read_text())
     assert lineage["spec"]["base_model"] and lineage["result"]["steps"] == 120
+
+
+# Like the tiny model's template, except that once the conversation ends with the answer,
+# earlier answers lose their reasoning (as templates of reasoning models do): the prompt
+# rendered for sampling is then not a prefix of the rendered training conversation.
+REWRITING_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}assistant: "
+    "{% if not loop.last and messages[-1]['role'] == 'assistant' %}"
+    "{{ m['content'].split('so')[-1].strip() }}"
+    "{% else %}{{ m['content'].strip() }}{% endif %}{{ eos_token }}"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def two_turn_row(i: int) -> dict:
+    """A follow-up question whose earlier answer has reasoning the template strips."""
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {i} + 1?"},
+            {"role": "assistant", "content": f" {i} + 1 = {i + 1}, so {i + 1}"},
+            {"role": "user", "content": "And plus 2?"},
+            {"role": "assistant", "content": f" {i + 2}"},
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def rewriting_model(tiny_model, tmp_path_factory):
+    """The tiny model with REWRITING_TEMPLATE as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("rewriting") / "model"
+    out.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(tiny_model / name, out / name)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = REWRITING_TEMPLATE
+    tok.save_pretrained(out)
+    return out
+
+
+def test_answers_of_rewritten_conversations_are_counted_as_fallbacks(rewriting_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rewriting_model)
+    rows = [two_turn_row(1), two_turn_row(2), chat_row("What is 2 + 3?", " 5")]
+    examples, report = build_examples(rows, tok, max_len=128)
+    assert report.examples == 3 and report.fallback_examples == 2
+    assert "2 of 3 examples train on the raw answer text" in report.fallback_note()
+    answer = [t for t in examples[0]["labels"] if t != IGNORE]
+    assert tok.decode(answer, skip_special_tokens=True) == " 3"  # the raw answer
+    assert build_examples(rows[2:], tok, max_len=128)[1].fallback_note() is None
+
+
+@pytest.mark.parametrize(
+    ("n", "fraction", "held_out", "why"),
+    [
+        (12, 0.1, 0, "eval_fraction 0.1 needs at least 20 examples; got 12"),
+        (12, 0.0, 0, None),
+        (20, 0.1, 2, None),
+        (30, 0.03, 0, "eval_fraction 0.03 of 30 examples is under 1 example"),
+    ],
+)
+def test_eval_split_size_says_why_there_is_none(n, fraction, held_out, why):
+    assert eval_split_size(n, fraction) == (held_out, why)
+
+
+def train_briefly(model, rows, out, eval_fraction) -> tuple:
+    """A two-step LoRA run; (result, what it wrote to stderr)."""
+    import contextlib
+    import io
+
+    spec = TrainSpec(
+        base_model=str(model),
+        max_steps=2,
+        batch_size=4,
+        max_len=64,
+        eval_fraction=eval_fraction,
+        lora_r=4,
+        lora_alpha=8,
+    )
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result = train(spec, rows, out, progress=False)
+    return result, err.getvalue()
+
+
+def test_train_reports_fallbacks_and_a_skipped_eval_split(rewriting_model, tmp_path):
+    rows = [two_turn_row(i) for i in range(9)] + [
+        chat_row(f"What is {i} + 0?", f" {i}") for i in range(3)
+    ]
+    result, err = train_briefly(rewriting_model, rows, tmp_path, eval_fraction=0.1)
+    assert result.examples == 12 and result.fallback_examples == 9
+    assert result.eval_examples == 0 and result.eval_loss is None
+    assert result.eval_skipped == "eval_fraction 0.1 needs at least 20 examples; got 12"
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "9 of 12 examples train on the raw answer text" in warnings[0]
+    assert warnings[1] == f"warning: no eval split: {result.eval_skipped}"
+    lineage = json.loads((tmp_path / "thresher_train.json").read_text())["result"]
+    assert lineage["fallback_examples"] == 9 and lineage["eval_skipped"] == result.eval_skipped
+
+
+def test_train_holds_out_an_eval_split_without_warnings(tiny_model, tmp_path):
+    rows = [chat_row(f"What is {i} + {j}?", f" {i + j}") for i in range(5) for j in range(4)]
+    result, err = train_briefly(tiny_model, rows, tmp_path, eval_fraction=0.1)
+    assert result.examples == 20 and result.eval_examples == 2 and result.eval_loss is not None
+    assert result.eval_skipped is None and result.fallback_examples == 0
+    assert "warning:" not in err

@@ -1,8 +1,12 @@
 """The reward-model verifier with a tiny randomly initialised model saved by the test."""
 
+import gc
+import weakref
+
 import polars as pl
 import pytest
 
+from thresher.verifiers import reward
 from thresher.verifiers.reward import RewardModel
 
 
@@ -67,3 +71,45 @@ def test_threshold_and_top_n(reward_model):
     assert sorted(per_prompt["passed"].to_list()) == [1, 1]
     with pytest.raises(ValueError, match="not both"):
         RewardModel(reward_model, threshold=0.0, top_n=1)
+
+
+def live_reward_models(path: str) -> list:
+    """Reward models loaded from `path` that something still references."""
+    from transformers import LlamaForSequenceClassification
+
+    gc.collect()
+    return [
+        o
+        for o in gc.get_objects()
+        if type(o) is LlamaForSequenceClassification and o.config.name_or_path == path
+    ]
+
+
+def test_run_frees_the_model_when_it_is_done(reward_model):
+    RewardModel(reward_model).run(batch())
+    assert reward.loaded() == [] and live_reward_models(reward_model) == []
+    RewardModel(reward_model).scores(batch().to_dicts())
+    assert reward.loaded() == [] and live_reward_models(reward_model) == []
+
+
+def test_a_failed_run_frees_the_model_too(reward_model):
+    bad = batch().drop("text")
+    with pytest.raises(KeyError) as failure:
+        RewardModel(reward_model).run(bad)
+    # the error is still held (as a retried task's state holds it) yet the model is gone
+    assert failure.value.__traceback__ is not None
+    assert reward.loaded() == [] and live_reward_models(reward_model) == []
+
+
+def test_keep_holds_the_model_until_release(reward_model):
+    verifier = RewardModel(reward_model)
+    first = verifier.run(batch(), keep=True)
+    [model] = live_reward_models(reward_model)
+    ref = weakref.ref(model)
+    del model
+    again = verifier.run(batch(), keep=True)  # scored by the same loaded model
+    assert live_reward_models(reward_model) == [ref()]
+    assert again["score"].to_list() == first["score"].to_list()
+    reward.release()
+    gc.collect()
+    assert ref() is None and reward.loaded() == []

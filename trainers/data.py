@@ -18,6 +18,18 @@ class BuildReport:
     examples: int = 0
     truncated: int = 0
     skipped: Counter = field(default_factory=Counter)
+    fallback_examples: int = 0  # examples whose answer is the raw text (see encode)
+
+    def fallback_note(self) -> str | None:
+        """One line saying how many examples train on the raw answer text and why, or None."""
+        if not self.fallback_examples:
+            return None
+        return (
+            f"{self.fallback_examples} of {self.examples} examples train on the raw answer "
+            "text plus EOS, not the chat template's rendering of it: the template rewrites "
+            "earlier turns once the answer is added, so the rendered prompt is not a prefix "
+            "of the rendered conversation"
+        )
 
 
 def _split_row(row: dict[str, Any]) -> tuple[list[dict] | None, str | None, str]:
@@ -36,7 +48,18 @@ def _split_row(row: dict[str, Any]) -> tuple[list[dict] | None, str | None, str]
 
 def encode(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids) exactly as sampling sees them, the answer ending in EOS."""
+    prompt_ids, answer_ids, _ = encode_checked(row, tokenizer)
+    return prompt_ids, answer_ids
+
+
+def encode_checked(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int], bool]:
+    """encode(), and whether the answer fell back to its raw text.
+
+    The answer is the rendered conversation minus the rendered prompt. A template that
+    renders earlier turns differently once the answer is added (one that strips earlier
+    reasoning, say) leaves no such suffix: the raw answer text is used instead."""
     prompt_msgs, prompt, answer = _split_row(row)
+    fell_back = False
     if prompt_msgs is not None:
         prompt_text = tokenizer.apply_chat_template(
             prompt_msgs, tokenize=False, add_generation_prompt=True
@@ -44,10 +67,8 @@ def encode(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
         full_text = tokenizer.apply_chat_template(
             [*prompt_msgs, {"role": "assistant", "content": answer}], tokenize=False
         )
-        if full_text.startswith(prompt_text):
-            answer_text = full_text[len(prompt_text) :]
-        else:  # templates that rewrite earlier turns: fall back to the raw answer
-            answer_text = answer
+        fell_back = not full_text.startswith(prompt_text)
+        answer_text = answer if fell_back else full_text[len(prompt_text) :]
         prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     else:
         answer_text = answer
@@ -56,7 +77,7 @@ def encode(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
     eos = tokenizer.eos_token_id
     if eos is not None and (not answer_ids or answer_ids[-1] != eos):
         answer_ids = [*answer_ids, eos]
-    return prompt_ids, answer_ids
+    return prompt_ids, answer_ids, fell_back
 
 
 def build_examples(
@@ -65,13 +86,14 @@ def build_examples(
     """input_ids and labels (-100 on prompt tokens) for each row that keeps an answer.
 
     Longer rows keep their whole prompt and lose the end of the answer; a row whose
-    prompt alone fills `max_len` is skipped and counted, never trained on.
+    prompt alone fills `max_len` is skipped and counted, never trained on. Examples whose
+    answer fell back to its raw text are counted in the report's `fallback_examples`.
     """
     report = BuildReport(rows=len(rows))
     out = []
     for row in rows:
         try:
-            prompt_ids, answer_ids = encode(row, tokenizer)
+            prompt_ids, answer_ids, fell_back = encode_checked(row, tokenizer)
         except (ValueError, KeyError, TypeError) as e:
             report.skipped[f"malformed: {e}"] += 1
             continue
@@ -85,6 +107,7 @@ def build_examples(
         if len(answer_ids) > room:
             answer_ids = answer_ids[:room]
             report.truncated += 1
+        report.fallback_examples += fell_back
         out.append(
             {
                 "input_ids": prompt_ids + answer_ids,

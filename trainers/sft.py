@@ -78,6 +78,9 @@ class TrainResult:
     examples: int
     skipped: dict[str, int]
     resumed_from: int
+    eval_examples: int = 0  # held out for eval_loss
+    eval_skipped: str | None = None  # why eval_fraction > 0 gave no eval split
+    fallback_examples: int = 0  # examples trained on the raw answer text (see trainers.data)
 
 
 def _log(msg: str) -> None:
@@ -128,6 +131,24 @@ def load_model(spec: TrainSpec, device: str | None = None):
     return model, tokenizer
 
 
+MIN_EVAL_EXAMPLES = 20  # below this a held-out slice is noise and costs training data
+
+
+def eval_split_size(n_examples: int, eval_fraction: float) -> tuple[int, str | None]:
+    """(examples held out for evaluation, why none are when eval_fraction asked for some)."""
+    if eval_fraction <= 0:
+        return 0, None
+    if n_examples < MIN_EVAL_EXAMPLES:
+        return 0, (
+            f"eval_fraction {eval_fraction} needs at least {MIN_EVAL_EXAMPLES} examples; "
+            f"got {n_examples}"
+        )
+    n_eval = int(n_examples * eval_fraction)
+    if n_eval == 0:
+        return 0, f"eval_fraction {eval_fraction} of {n_examples} examples is under 1 example"
+    return n_eval, None
+
+
 def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     order = list(range(n))
     random.Random(seed * 1000003 + epoch).shuffle(order)
@@ -161,9 +182,13 @@ def train(
         _log(f"skipped {sum(report.skipped.values())} rows: {dict(report.skipped)}")
     if not examples:
         raise ValueError("no trainable rows: every row was skipped (see the counts above)")
+    n_eval, eval_skipped = eval_split_size(len(examples), spec.eval_fraction)
+    if dist.main and report.fallback_examples:
+        _log(f"warning: {report.fallback_note()}")
+    if dist.main and eval_skipped:
+        _log(f"warning: no eval split: {eval_skipped}")
     shuffled = list(range(len(examples)))
     random.Random(spec.seed).shuffle(shuffled)
-    n_eval = int(len(examples) * spec.eval_fraction) if len(examples) >= 20 else 0
     eval_set = [examples[i] for i in shuffled[:n_eval]]
     train_set = [examples[i] for i in shuffled[n_eval:]]
 
@@ -251,6 +276,9 @@ def train(
         examples=len(examples),
         skipped=dict(report.skipped),
         resumed_from=resumed_from,
+        eval_examples=n_eval,
+        eval_skipped=eval_skipped,
+        fallback_examples=report.fallback_examples,
     )
     if dist.main:
         _write_lineage(out, spec, result, dist)

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import traceback
 from typing import Any
 
 import polars as pl
 
 from thresher.verifiers.base import Verdict, verdict_frame
 
+# Loaded (tokenizer, model) per folder. Scoring empties it when done (see release), so a
+# model lives only while a batch is scored, inside the device slot that covers it.
 _MODELS: dict[str, Any] = {}
+
+
+def release(path: str | None = None) -> None:
+    """Drop the cached reward model of `path` (default: all) and give its device memory back."""
+    if path is None:
+        _MODELS.clear()
+    else:
+        _MODELS.pop(path, None)
+    gc.collect()  # a model's modules can sit in reference cycles
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def loaded() -> list[str]:
+    """Folders whose reward model is loaded now."""
+    return list(_MODELS)
 
 
 def _load(path: str):
@@ -36,10 +58,15 @@ class RewardModel:
 
     Options: `model` (a local folder), `threshold` (pass when score >= it; default 0.0),
     `top_n` (instead: the n best candidates of each prompt pass), `batch_size`,
-    `max_length`. Inputs are sorted by length so padding stays small.
+    `max_length`. Inputs are sorted by length so padding stays small. Each run loads the
+    model and frees it (device memory included) before returning, so nothing stays on the
+    device once the slot around it is released; run(batch, keep=True) keeps it loaded for
+    the next call until release().
     """
 
     name = "reward"
+    uses_device = True
+    ranks = True
 
     def __init__(
         self,
@@ -68,8 +95,20 @@ class RewardModel:
                 out.append((row.get("prompt") or "") + row["text"])
         return out
 
-    def scores(self, rows: list[dict]) -> list[float]:
-        """One reward per row, in row order."""
+    def scores(self, rows: list[dict], keep: bool = False) -> list[float]:
+        """One reward per row, in row order; the model is freed afterwards unless `keep`."""
+        try:
+            return self._scores(rows)
+        except BaseException as e:
+            if not keep:  # a kept traceback (a retried task's) would keep the model alive
+                traceback.clear_frames(e.__traceback__)
+            raise
+        finally:
+            if not keep:
+                release(self.model)
+
+    def _scores(self, rows: list[dict]) -> list[float]:
+        """scores() with the model loaded (its references end with this frame)."""
         import torch
 
         tokenizer, model = _load(self.model)
@@ -92,10 +131,12 @@ class RewardModel:
                     scores[i] = v
         return scores
 
-    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+    def run(self, batch: pl.DataFrame, keep: bool = False) -> pl.DataFrame:
+        """One verdict per candidate; frees the model when done unless `keep` (then call
+        release() when the device is given back)."""
         rows = batch.to_dicts()
         start = time.perf_counter()
-        scores = self.scores(rows)
+        scores = self.scores(rows, keep=keep)
         per_row_ms = (time.perf_counter() - start) * 1000 / max(len(rows), 1)
         if self.top_n is not None:
             ranked = pl.DataFrame({"p": [r["prompt_id"] for r in rows], "s": scores})
