@@ -55,12 +55,14 @@ def main() -> None:
         batched,
         curate_flow,
         engine_for,
+        plain_ids,
         prompt_rows,
         quiet_task_logs,
         run_id_for,
         sample_batch,
         sampling_plan,
         select_batch,
+        selection_id_for,
         stop_engine,
         verify_batch,
     )
@@ -121,11 +123,11 @@ def main() -> None:
         prompts = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, prompts)
         for batch in batched(prompts, cfg.batch_size):
-            ids = [r["prompt_id"] for r in batch]
+            ids = plain_ids(cfg, [r["prompt_id"] for r in batch], ks)
             sample_batch.fn(root, cfg, run_id, batch, ks)
             verify_batch.fn(root, cfg, run_id, ids)
             select_batch.fn(root, cfg, run_id, ids)
-        summary = run_summary(lake, run_id, cfg.round)
+        summary = run_summary(lake, selection_id_for(cfg))
         took = time.perf_counter() - start
         return took, took - inside["s"], summary["candidates"]
 

@@ -53,7 +53,10 @@ def _say(message: str) -> None:
 
 
 def _pass1(metrics: list[dict]) -> float:
-    return next(m["value"] for m in metrics if m["task"] == "all" and m["metric"] == "pass@1")
+    for m in metrics:
+        if m["task"] == "all" and m["metric"] == "pass@1":
+            return m["value"]
+    raise ValueError(f"the evaluation measured no overall pass@1 (metrics: {metrics})")
 
 
 def _metrics_line(metrics: list[dict]) -> str:

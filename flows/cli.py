@@ -253,6 +253,9 @@ def curate(
     """Sample k candidates per prompt, verify them and select the survivors (one round).
 
     Re-running the same config resumes: batches already in the lake are not sampled again.
+    After a change only the stages it touches run again: a new cap or policy re-selects; a
+    new verifier (or new options) verifies with it only; a larger k samples only the new
+    indices, a smaller one reads the first k. The summary says what was reused and why.
     """
     from thresher.flows.config import ConfigError, load_config
 
@@ -289,6 +292,21 @@ def with_executor(cfg, executor: str | None):
         fail(f"--executor {executor}: {e.errors()[0]['msg']}", code=2)
 
 
+def reuse_line(s: dict) -> str:
+    """What a curate run reused and what it computed again, and why."""
+    reused_c = s["candidates"] - s["sampled_now"]
+    reused_v = s["verdicts"] - s["verified_now"]
+    parts = [f"reused {reused_c} candidates, {reused_v} verdicts"]
+    parts.append(f"sampled {s['sampled_now']}, verified {s['verified_now']}")
+    if not s["selected_now"]:
+        selected = "reused the selection"
+    else:
+        selected = "selected" if s.get("changes") is None else "selected again"
+    changes = s.get("changes")
+    why = f" ({'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''})" if changes else ""
+    return "; ".join(parts) + f"; {selected}{why}"
+
+
 def print_summary(s: dict) -> None:
     """The closing lines of a curate run."""
     typer.echo(
@@ -300,7 +318,8 @@ def print_summary(s: dict) -> None:
         f"  kept {s['kept']} (dropped {s['duplicates']} duplicates, {s['capped']} over the cap"
         + (f", {s['contaminated']} contaminated" if s["contaminated"] else "")
         + (f", {s['too_easy']} from too-easy prompts" if s["too_easy"] else "")
-        + ")"
+        + ")\n  "
+        + reuse_line(s)
     )
 
 
@@ -487,16 +506,23 @@ def export(
     all_rounds: Annotated[
         bool, typer.Option(help="Rounds 0..R together (as STaR trains on).")
     ] = False,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Only this curate pipeline's data (default: every pipeline's)."),
+    ] = None,
     lake: LakeOption = None,
 ) -> None:
-    """Export a round's selected data for training (load it with datasets.load_from_disk)."""
+    """Export a round's selected data for training (load it with datasets.load_from_disk).
+
+    A round's data is its current selection: the one the pipeline's latest curate run of
+    that round wrote (earlier selections stay in `selections`)."""
     from thresher.stores.export import ExportError, export_round
     from thresher.stores.lake import Lake
 
     if to.exists() and any(to.iterdir()):
         fail(f"{to} exists and is not empty")
     try:
-        n = export_round(Lake(lake, create=False), round_, fmt.value, to, all_rounds)
+        n = export_round(Lake(lake, create=False), round_, fmt.value, to, all_rounds, name)
     except (ExportError, FileNotFoundError) as e:
         fail(str(e))
     typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")

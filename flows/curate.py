@@ -15,7 +15,9 @@ from prefect.utilities.annotations import quote
 
 from thresher.flows.config import CurateConfig
 from thresher.ids import content_id
+from thresher.samplers import candidate_rows
 from thresher.stores.lake import Lake, now
+from thresher.stores.queries import existing_candidates
 
 
 class NothingToCurate(ValueError):
@@ -54,12 +56,61 @@ def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
     return cfg.sampling.model_dump(exclude={"k"})
 
 
+# Where and how fast the work runs, not what it produces.
+OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}
+
+
 def run_id_for(cfg: CurateConfig) -> str:
     """Same pipeline settings, same run: re-running resumes it."""
+    return content_id("curate", cfg.model_dump(exclude=OPERATIONAL))
+
+
+def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
+    """verifier -> the digest of its version and options: which verdicts the run reads."""
+    from thresher.verifiers import options_digest
+
+    v = cfg.verify
+    return {name: options_digest(name, v.options.get(name)) for name in v.all_names()}
+
+
+def selection_id_for(cfg: CurateConfig) -> str:
+    """Everything a selection depends on: its candidates (prompts, model, round, sampling,
+    difficulty, rationalization), the verdicts it reads and the select settings."""
+    v = cfg.verify
     return content_id(
-        "curate",
-        cfg.model_dump(exclude={"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}),
+        "selection",
+        cfg.name,
+        cfg.model_id,
+        cfg.round,
+        cfg.prompts.model_dump(),
+        cfg.sampling.model_dump(),
+        cfg.difficulty.model_dump(),
+        cfg.rationalize.model_dump(),
+        cfg.select.model_dump(),
+        {"verifiers": v.verifiers, "by_task": v.by_task, "rule": v.rule},
+        verifier_digests(cfg),
     )
+
+
+def plain_ids(cfg: CurateConfig, prompt_ids: list[str], ks: dict[str, int]) -> list[str]:
+    """The unhinted candidate ids of these prompts: indices 0..k-1 of each."""
+    from thresher.samplers import expected_ids
+
+    params = sampling_params(cfg)
+    return [
+        c for p in prompt_ids for c in expected_ids([p], cfg.model_id, cfg.round, ks[p], params)
+    ]
+
+
+def hinted_ids(cfg: CurateConfig, prompt_ids: list[str]) -> list[str]:
+    """Every id a rationalization of these prompts could produce (most do not exist)."""
+    from thresher.samplers import expected_ids
+
+    r = cfg.rationalize
+    if not r.enabled:
+        return []
+    params = {**sampling_params(cfg), "hint": r.hint}
+    return expected_ids(prompt_ids, cfg.model_id, cfg.round, r.k, params)
 
 
 @task(name="sample", cache_policy=NO_CACHE, **RETRY)
@@ -70,8 +121,8 @@ def sample_batch(
     batch: list[dict],
     ks: dict[str, int] | None = None,
 ) -> tuple[int, float]:
-    """Sample the prompts of `batch` that lack candidates (k each, or `ks[prompt_id]`);
-    returns (written, seconds sampling)."""
+    """Sample the candidates of `batch` not in the lake yet (indices 0..k-1 of each prompt,
+    k or `ks[prompt_id]`); returns (written, seconds sampling)."""
     ks = ks or {p["prompt_id"]: cfg.sampling.k for p in batch}
     ids = [p["prompt_id"] for p in batch]
     return _sample_missing(
@@ -89,8 +140,7 @@ def _sample_missing(
     batch_id: str,
     hinted: bool = False,
 ) -> tuple[int, float]:
-    from thresher.samplers import candidate_rows, expected_ids
-    from thresher.stores.queries import complete_prompts
+    from thresher.samplers import expected_ids
 
     lake = Lake(lake_root)
     expected = {
@@ -99,16 +149,20 @@ def _sample_missing(
         )
         for p in batch
     }
-    done = complete_prompts(lake, expected)
-    todo = [p for p in batch if p["prompt_id"] not in done]
+    have = existing_candidates(lake, [c for ids in expected.values() for c in ids])
+    # raising k samples only the new indices; lowering it reads the first k
+    missing = {
+        pid: [i for i, c in enumerate(ids) if c not in have] for pid, ids in expected.items()
+    }
+    todo = [p for p in batch if missing[p["prompt_id"]]]
     if not todo:
         return 0, 0.0
     sample = _sampler(cfg)  # starts the engine on first use: not counted as sampling time
     written, seconds = 0, 0.0
-    for k in sorted({ks[p["prompt_id"]] for p in todo}):
-        group = [p for p in todo if ks[p["prompt_id"]] == k]
+    for n in sorted({len(missing[p["prompt_id"]]) for p in todo}):
+        group = [p for p in todo if len(missing[p["prompt_id"]]) == n]
         start = time.perf_counter()
-        completions = sample([p["prompt"] for p in group], [p["messages"] for p in group], k)
+        completions = sample([p["prompt"] for p in group], [p["messages"] for p in group], n)
         seconds += time.perf_counter() - start
         rows = candidate_rows(
             [p["prompt_id"] for p in group],
@@ -119,14 +173,18 @@ def _sample_missing(
             batch_id=batch_id,
             params=params,
             hinted=hinted,
+            indices=[missing[p["prompt_id"]] for p in group],
         )
         written += lake.append("candidates", rows)
     return written, seconds
 
 
 @task(name="rationalize", cache_policy=NO_CACHE, **RETRY)
-def rationalize_batch(lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict]) -> int:
-    """Sample the batch's unsolved prompts again with the reference answer as a hint."""
+def rationalize_batch(
+    lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict], candidate_ids: list[str]
+) -> int:
+    """Sample the batch's unsolved prompts (no passing candidate among `candidate_ids`)
+    again with the reference answer as a hint."""
     import json
 
     from thresher.stores.difficulty import hinted_prompt
@@ -134,7 +192,7 @@ def rationalize_batch(lake_root: str, cfg: CurateConfig, run_id: str, batch: lis
 
     r = cfg.rationalize
     unsolved = set(
-        unsolved_prompts(Lake(lake_root), run_id, [p["prompt_id"] for p in batch], cfg.verify.rule)
+        unsolved_prompts(Lake(lake_root), candidate_ids, cfg.verify.rule, verifier_digests(cfg))
     )
     todo = []
     for p in batch:
@@ -244,27 +302,26 @@ def engine_for(cfg: CurateConfig):
     return get_engine(**engine_kwargs(cfg))
 
 
-DEVICE_VERIFIERS = {"reward"}  # verifiers that run a model on the accelerator
-
-
 @task(name="verify", cache_policy=NO_CACHE, **RETRY)
-def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
-    """Score the batch's unscored candidates with the verifiers of each prompt's task."""
+def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
+    """Score these candidates with the verifiers of each prompt's task, where a verifier with
+    the same options has not scored them yet; returns verdicts written."""
     import polars as pl
 
     from thresher.stores.queries import candidates_to_verify
-    from thresher.verifiers import get_verifier
+    from thresher.verifiers import get_verifier, traits
 
     lake = Lake(lake_root)
     written = 0
     v = cfg.verify
+    digests = verifier_digests(cfg)
     for name in v.all_names():
-        todo = candidates_to_verify(lake, run_id, prompt_ids, name)
+        todo = candidates_to_verify(lake, candidate_ids, name, digests[name])
         tasks = [t for t in todo["task"].unique().to_list() if name in v.for_task(t)]
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        if name in DEVICE_VERIFIERS:
+        if traits(name)["uses_device"]:
             from thresher.flows.slots import gpu_slot
 
             with gpu_slot(name):
@@ -276,16 +333,20 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
         else:
             verdicts = get_verifier(name, v.options.get(name)).run(todo)
         verdicts = verdicts.with_columns(
-            pl.lit(run_id).alias("run_id"), pl.lit(now()).alias("created_at")
+            pl.lit(digests[name]).alias("options_digest"),
+            pl.lit(run_id).alias("run_id"),
+            pl.lit(now()).alias("created_at"),
         )
         written += lake.append("verdicts", verdicts)
     return written
 
 
 @task(name="select", cache_policy=NO_CACHE)
-def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: list[str]) -> int:
-    """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why."""
+def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
+    """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why;
+    returns selections written (0 when this selection of the batch exists already)."""
     from thresher.stores.select import select_batch as select
+    from thresher.verifiers import traits
 
     s = cfg.select
     options = s.model_dump(exclude={"cap", "decontaminate"})
@@ -293,11 +354,14 @@ def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, prompt_ids: lis
         options["max_hinted_share"] = cfg.rationalize.max_share
     return select(
         Lake(lake_root),
-        run_id,
+        selection_id_for(cfg),
         cfg.round,
-        prompt_ids,
+        candidate_ids,
         s.cap,
         cfg.verify.rule,
+        used=verifier_digests(cfg),
+        ranking=[n for n in cfg.verify.all_names() if traits(n)["ranks"]],
+        run_id=run_id,
         eval_index=eval_index(lake_root, cfg),
         **options,
     )
@@ -424,13 +488,17 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
 
     cfg = CurateConfig(**config)
     lake = Lake(lake_root)
-    run_id = run_id_for(cfg)
+    run_id, selection_id = run_id_for(cfg), selection_id_for(cfg)
     run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=config)
-    with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
+    with (
+        deployment_cleanup(),
+        tracked_run(lake, run_id, selection_id=selection_id, **run) as summary,
+    ):
         rows = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, rows)
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
-        sampled, sampling_s = 0, 0.0
+        done = dict(sampled=0, verified=0, selected=0)
+        sampling_s = 0.0
         quiet_task_logs()
         sample = sample_batch.with_options(timeout_seconds=cfg.timeout_s)
         cfg_q, ks_q = quote(cfg), quote(ks)
@@ -441,25 +509,57 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
                 sample, lake_root, cfg, run_id, batched(todo, cfg.batch_size), ks_q
             ):
                 ids = [r["prompt_id"] for r in batch]
-                batch_q, ids_q = quote(batch), quote(ids)
-                sampled, sampling_s = sampled + written, sampling_s + seconds
-                verify_batch(lake_root, cfg_q, run_id, ids_q)
+                plain = plain_ids(cfg, ids, ks)
+                batch_ids = quote(plain + hinted_ids(cfg, ids))
+                done["sampled"] += written
+                sampling_s += seconds
+                done["verified"] += verify_batch(lake_root, cfg_q, run_id, quote(plain))
                 if cfg.rationalize.enabled:
-                    sampled += rationalize_batch(lake_root, cfg_q, run_id, batch_q)
-                    verify_batch(lake_root, cfg_q, run_id, ids_q)
-                select_batch(lake_root, cfg_q, run_id, ids_q)
+                    done["sampled"] += rationalize_batch(
+                        lake_root, cfg_q, run_id, quote(batch), quote(plain)
+                    )
+                    done["verified"] += verify_batch(lake_root, cfg_q, run_id, batch_ids)
+                done["selected"] += select_batch(lake_root, cfg_q, run_id, batch_ids)
                 bar.update(len(batch))
                 if sampling_s:
-                    bar.set_postfix(candidates_per_s=f"{sampled / sampling_s:.0f}")
+                    bar.set_postfix(candidates_per_s=f"{done['sampled'] / sampling_s:.0f}")
         if cfg.executor == "ray":
             summary.update(engine_batches(cfg))
-        summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, run_id, cfg.round))
-        summary["sampled_now"] = sampled
-        summary["skipped_solved"] = sum(k == 0 for k in ks.values())
+        summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, selection_id))
+        summary.update(
+            selection_id=selection_id,
+            sampled_now=done["sampled"],
+            verified_now=done["verified"],
+            selected_now=done["selected"],
+            verdicts=verdict_count(lake, cfg, ks, rows),
+            skipped_solved=sum(k == 0 for k in ks.values()),
+            changes=changes_since_last_run(lake, cfg, run_id),
+        )
         if cfg.difficulty.hard_k:
             summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
         publish_curate(cfg, summary)
     return summary
+
+
+def verdict_count(lake: Lake, cfg: CurateConfig, ks: dict[str, int], rows: list[dict]) -> int:
+    """The verdicts this run's candidates have from its verifiers with its options."""
+    from thresher.stores.queries import count_verdicts
+
+    ids = [r["prompt_id"] for r in rows]
+    return count_verdicts(
+        lake, plain_ids(cfg, ids, ks) + hinted_ids(cfg, ids), verifier_digests(cfg)
+    )
+
+
+def changes_since_last_run(lake: Lake, cfg: CurateConfig, run_id: str) -> list[str] | None:
+    """What differs from the pipeline's previous run of this round (None: there was none)."""
+    from thresher.stores.queries import previous_run
+    from thresher.stores.runs import config_changes
+
+    before = previous_run(lake, "curate", cfg.name, cfg.round, run_id)
+    if before is None:
+        return None
+    return config_changes(before["config"], cfg.model_dump(exclude=OPERATIONAL))
 
 
 def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:

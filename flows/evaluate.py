@@ -8,7 +8,29 @@ from typing import Any
 from prefect import flow
 
 from thresher.flows.config import EvalConfig
+from thresher.ids import content_id
 from thresher.stores.lake import Lake, now
+
+
+def eval_run_id(cfg: EvalConfig) -> str:
+    """What determines the metrics: the model, the prompts, how they are sampled (n), the
+    verifiers with their options and rule, the k's (and the pipeline name, for reports)."""
+    from thresher.flows.curate import sampling_params, verifier_digests
+
+    cur = cfg.as_curate()
+    return content_id(
+        "evaluate",
+        cfg.name,
+        cur.model_id,
+        cfg.round,
+        cfg.prompts.model_dump(),
+        cfg.n,
+        sorted(cfg.ks),
+        sampling_params(cur),
+        {"verifiers": cfg.verify.verifiers, "by_task": cfg.verify.by_task},
+        cfg.verify.rule,
+        verifier_digests(cur),
+    )
 
 
 def eval_run_name() -> str:
@@ -26,10 +48,11 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
 
     from thresher.flows.curate import (
         deployment_cleanup,
+        plain_ids,
         prompt_batches,
-        run_id_for,
         sample_batch,
         sampled_batches,
+        verifier_digests,
         verify_batch,
     )
     from thresher.stores.passk import pass_at_ks, pass_counts
@@ -38,17 +61,22 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     cfg = EvalConfig(**config)
     cur = cfg.as_curate()
     lake = Lake(lake_root)
-    run_id = run_id_for(cur)
+    run_id = eval_run_id(cfg)
     run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
     with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
         batches = prompt_batches(lake, cur)
         n_prompts = sum(len(b) for b in batches)
+        every: list[str] = []
+        verified = 0
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
             for batch, _ in sampled_batches(sample_batch, lake_root, cur, run_id, batches, None):
                 ids = [r["prompt_id"] for r in batch]
-                verify_batch(lake_root, quote(cur), run_id, quote(ids))
+                cands = plain_ids(cur, ids, dict.fromkeys(ids, cfg.n))
+                every += cands
+                verified += verify_batch(lake_root, quote(cur), run_id, quote(cands))
                 bar.update(len(batch))
-        metrics = pass_at_ks(pass_counts(lake, run_id, cfg.verify.rule), cfg.ks)
+        counts = pass_counts(lake, every, cfg.verify.rule, verifier_digests(cur))
+        metrics = pass_at_ks(counts, cfg.ks)
         stamp = now()
         lake.append(
             "evals",
@@ -66,7 +94,12 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
             ],
         )
         summary.update(
-            run_id=run_id, round=cfg.round, prompts=n_prompts, samples=cfg.n, metrics=metrics
+            run_id=run_id,
+            round=cfg.round,
+            prompts=n_prompts,
+            samples=cfg.n,
+            metrics=metrics,
+            verified_now=verified,
         )
         from thresher.flows.artifacts import publish
 

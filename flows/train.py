@@ -35,12 +35,18 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
     return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds, d.pipeline)
 
 
-def train_run_id(cfg: TrainConfig) -> str:
-    """Same training settings and data, same run: re-running resumes (or skips) it.
+def rows_digest(rows: list[dict]) -> str:
+    """A digest of the exact training rows, in order."""
+    return content_id("rows", rows)
+
+
+def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
+    """Same training settings and the same rows, same run: re-running resumes (or skips)
+    it; new data (more prompts curated, another selection) is a new run.
 
     The process count is not part of it: batch_size is the global batch whatever it is,
     and a run may resume with another one."""
-    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}))
+    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}), rows_digest(rows))
 
 
 def train_output(cfg: TrainConfig, lake: Lake) -> Path:
@@ -48,11 +54,11 @@ def train_output(cfg: TrainConfig, lake: Lake) -> Path:
     return Path(cfg.out) if cfg.out else model_dir_for(lake, cfg.name, cfg.round + 1)
 
 
-def finished_training(lake: Lake, cfg: TrainConfig) -> dict[str, Any] | None:
-    """The summary of this config's completed run when its output is still there."""
+def finished_training(lake: Lake, run_id: str) -> dict[str, Any] | None:
+    """The summary of this completed run when its output is still there."""
     from thresher.stores.runs import latest_run
 
-    run = latest_run(lake, train_run_id(cfg))
+    run = latest_run(lake, run_id)
     if not run or run["status"] != "completed":
         return None
     summary = run["summary"]
@@ -79,12 +85,15 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
     from thresher.stores.runs import tracked_run
-    from thresher.trainers.sft import TrainSpec, train
+    from thresher.trainers.sft import TrainSpec, claim_output, train
 
     cfg = TrainConfig(**config)
     lake = Lake(lake_root)
-    run_id = train_run_id(cfg)
-    done = finished_training(lake, cfg)
+    rows = load_rows(cfg, lake)
+    if not rows:
+        raise ValueError("no training rows: the round kept nothing (see the funnel view)")
+    run_id = train_run_id(cfg, rows)
+    done = finished_training(lake, run_id)
     if done:
         return {**done, "already_trained": True}
     out = train_output(cfg, lake)
@@ -95,9 +104,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
             raise FileNotFoundError(f"no model of round {cfg.round} at {base} to continue from")
     run = dict(flow="train", round_=cfg.round + 1, model=str(out), config=config)
     with tracked_run(lake, run_id, **run) as summary:
-        rows = load_rows(cfg, lake)
-        if not rows:
-            raise ValueError("no training rows: the round kept nothing (see the funnel view)")
+        if claim_output(out, run_id):
+            summary["discarded_checkpoints"] = "another run's (other data or settings)"
         spec = TrainSpec(
             base_model=base,
             method=cfg.method,
@@ -144,8 +152,12 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
             {
                 "run_id": run_id,
                 "rows": len(rows),
+                "rows_digest": rows_digest(rows),
                 "examples": result.examples,
                 "skipped": result.skipped,
+                "eval_examples": result.eval_examples,
+                "eval_skipped": result.eval_skipped,
+                "fallback_examples": result.fallback_examples,
                 "steps": result.steps,
                 "final_loss": result.final_loss,
                 "eval_loss": result.eval_loss,

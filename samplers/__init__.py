@@ -33,12 +33,15 @@ def candidate_rows(
     batch_id: str,
     params: dict[str, Any],
     hinted: bool = False,
+    indices: Sequence[Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the `candidates` table for each prompt's completions."""
+    """Rows of the `candidates` table for each prompt's completions; the i-th completion of
+    a prompt gets sample index `indices[p][i]` (default: 0, 1, 2, ...)."""
     stamp = datetime.now(UTC)
     rows = []
-    for prompt_id, outs in zip(prompt_ids, completions, strict=True):
-        for idx, c in enumerate(outs):
+    for p, (prompt_id, outs) in enumerate(zip(prompt_ids, completions, strict=True)):
+        idxs = indices[p] if indices is not None else range(len(outs))
+        for idx, c in zip(idxs, outs, strict=True):
             rows.append(
                 {
                     "candidate_id": candidate_id(prompt_id, model, round_, idx, params),

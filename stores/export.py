@@ -8,23 +8,23 @@ from typing import Literal
 
 from thresher.stores.lake import Lake
 
+# A round's kept data is its current selection (the latest curate run of the pipeline and
+# round); a candidate two pipelines kept is exported once.
 KEPT_SQL = """
 SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS completion,
        coalesce(c.hinted, false) AS hinted, p.task, p.dataset
-FROM selections s
+FROM current_selections s
 JOIN candidates c USING (candidate_id)
 JOIN prompts p ON p.prompt_id = c.prompt_id
-WHERE s.kept AND s.round {op} $round
-  AND ($name IS NULL OR s.run_id IN (
-      SELECT run_id FROM runs
-      WHERE flow = 'curate' AND json_extract_string(config, '$.name') = $name))
+WHERE s.kept AND s.round {op} $round AND ($name IS NULL OR s.pipeline = $name)
+QUALIFY row_number() OVER (PARTITION BY c.candidate_id ORDER BY s.round) = 1
 ORDER BY s.round, c.prompt_id, c.sample_idx
 """
 
 FAILED_SQL = """
-SELECT c.candidate_id, c.prompt_id, c.text
-FROM selections s JOIN candidates c USING (candidate_id)
-WHERE s.drop_reason = 'failed' AND s.round {op} ?
+SELECT DISTINCT c.candidate_id, c.prompt_id, c.text, c.sample_idx
+FROM current_selections s JOIN candidates c USING (candidate_id)
+WHERE s.drop_reason = 'failed' AND s.round {op} $round AND ($name IS NULL OR s.pipeline = $name)
 ORDER BY c.prompt_id, c.sample_idx
 """
 
@@ -70,25 +70,28 @@ def export_round(
     fmt: Literal["sft", "dpo"],
     to: str | Path,
     all_rounds: bool = False,
+    name: str | None = None,
 ) -> int:
     """Write round `round_`'s kept data (with `all_rounds`: rounds 0..round_) to `to`.
 
     sft rows: messages (prompt messages + the answer as assistant), prompt, completion,
     prompt_id, candidate_id, round, hinted. dpo rows: prompt (messages), chosen, rejected
-    (a kept and a failed candidate of the same prompt), their ids. Saved with
+    (a kept and a failed candidate of the same prompt), their ids. Only pipeline `name`'s
+    selections count when given (default: every pipeline's current ones). Saved with
     `datasets.Dataset.save_to_disk(to)` and as `to/data.jsonl`. Returns the row count.
     """
     import datasets
 
     op = "<=" if all_rounds else "="
-    kept = _kept(lake, round_, all_rounds, None)
+    kept = _kept(lake, round_, all_rounds, name)
     if not kept:
         raise ExportError(f"round {round_} has no kept candidates in {lake.root}")
     if fmt == "sft":
-        rows = sft_rows(lake, round_, all_rounds)
+        rows = sft_rows(lake, round_, all_rounds, name)
     elif fmt == "dpo":
         failed: dict[str, list[dict]] = {}
-        for f in lake.query(FAILED_SQL.format(op=op), [round_]).to_dicts():
+        failed_rows = lake.query(FAILED_SQL.format(op=op), {"round": round_, "name": name})
+        for f in failed_rows.to_dicts():
             failed.setdefault(f["prompt_id"], []).append(f)
         rows, used = [], {}
         for r in kept:

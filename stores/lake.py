@@ -38,7 +38,28 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-# Queries over a selections source (the table, or a filtered part of it, for reports).
+# The selection each round of each pipeline reads by default: the one written by the
+# pipeline's latest curate run of that round. A run records its selection_id (lakes
+# written before selections had ids used the run id); selections written outside any
+# run count as a pipeline of their own (NULL), the latest by time.
+CURRENT_SELECTIONS_SQL = """
+        WITH curated AS (
+            SELECT coalesce(selection_id, run_id) AS sid, round, started_at,
+                   json_extract_string(config, '$.name') AS pipeline
+            FROM runs WHERE flow = 'curate'),
+        written AS (
+            SELECT coalesce(selection_id, run_id) AS sid, round, max(created_at) AS at
+            FROM selections GROUP BY ALL),
+        latest AS (
+            SELECT w.sid, w.round, c.pipeline FROM written w
+            LEFT JOIN curated c ON c.sid = w.sid AND c.round = w.round
+            QUALIFY row_number() OVER (
+                PARTITION BY c.pipeline, w.round
+                ORDER BY coalesce(c.started_at, w.at) DESC, w.sid) = 1)
+        SELECT l.pipeline, s.* FROM selections s
+        JOIN latest l ON coalesce(s.selection_id, s.run_id) = l.sid AND s.round = l.round"""
+
+# Queries over a selections source (the current selections, or a pipeline's, for reports).
 PROMPT_DIFFICULTY_SQL = """
         SELECT s.round, s.prompt_id, count(*) AS candidates,
                count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
@@ -65,12 +86,17 @@ ROUND_FUNNEL_SQL = """
 
 # Views built on the base tables: the everyday questions, answered in SQL.
 DERIVED_VIEWS = {
-    # One row per candidate: passed when it has verdicts and every verifier passed it.
+    "current_selections": CURRENT_SELECTIONS_SQL,
+    # One row per candidate: passed when it has verdicts and every verifier passed it
+    # (each verifier's latest verdict, whatever its options).
     "candidate_outcomes": """
         SELECT c.candidate_id, c.prompt_id, c.round, c.model, c.run_id,
                count(v.verifier) AS n_verdicts,
                coalesce(bool_and(v.passed), false) AND count(v.verifier) > 0 AS passed
-        FROM candidates c LEFT JOIN verdicts v USING (candidate_id)
+        FROM candidates c LEFT JOIN (
+            SELECT * FROM verdicts QUALIFY row_number() OVER (
+                PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1
+        ) v USING (candidate_id)
         GROUP BY ALL""",
     "pass_rate": """
         SELECT prompt_id, round, count(*) AS candidates,
@@ -80,19 +106,18 @@ DERIVED_VIEWS = {
     "funnel": """
         SELECT round, coalesce(split_part(drop_reason, ':', 1), 'kept') AS outcome,
                count(*) AS candidates
-        FROM selections GROUP BY ALL ORDER BY round, outcome""",
+        FROM current_selections GROUP BY ALL ORDER BY round, outcome""",
+    # passed = the selection rule held (evaluation runs select nothing)
     "yield_by_round": """
-        SELECT o.round, count(DISTINCT o.prompt_id) AS prompts, count(*) AS candidates,
-               count(*) FILTER (WHERE o.passed) AS passed,
-               round(avg(o.passed::INT), 4) AS pass_rate,
-               count(*) FILTER (WHERE s.kept) AS kept,
-               count(DISTINCT o.prompt_id) FILTER (WHERE s.kept) AS prompts_with_kept
-        FROM candidate_outcomes o
-        JOIN selections s ON s.candidate_id = o.candidate_id AND s.round = o.round
-        GROUP BY o.round ORDER BY o.round""",  # curated candidates: evaluation runs select none
+        SELECT round, count(DISTINCT prompt_id) AS prompts, count(*) AS candidates,
+               count(*) FILTER (WHERE drop_reason IS DISTINCT FROM 'failed') AS passed,
+               round(avg((drop_reason IS DISTINCT FROM 'failed')::INT), 4) AS pass_rate,
+               count(*) FILTER (WHERE kept) AS kept,
+               count(DISTINCT prompt_id) FILTER (WHERE kept) AS prompts_with_kept
+        FROM current_selections GROUP BY round ORDER BY round""",
     # Per curated round and prompt, from unhinted candidates: how often the round's model
     # solved it (passed = the selection rule held), and whether it was all-pass / all-fail.
-    "prompt_difficulty": PROMPT_DIFFICULTY_SQL.format(selections="selections"),
+    "prompt_difficulty": PROMPT_DIFFICULTY_SQL.format(selections="current_selections"),
     # All-pass and all-fail prompts carry no signal about pass-rate changes: count them.
     "difficulty_by_round": """
         SELECT round, count(*) AS prompts,
@@ -102,7 +127,7 @@ DERIVED_VIEWS = {
                round(avg(pass_rate), 4) AS mean_pass_rate
         FROM prompt_difficulty GROUP BY round ORDER BY round""",
     # One row per curated round: how many candidates each stage let through.
-    "round_funnel": ROUND_FUNNEL_SQL.format(selections="selections"),
+    "round_funnel": ROUND_FUNNEL_SQL.format(selections="current_selections"),
 }
 
 

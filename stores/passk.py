@@ -23,18 +23,31 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - miss
 
 
-def pass_counts(lake: Lake, run_id: str, rule: str | None = None):
-    """Per prompt of a run: task, n candidates and c passing (by `rule`)."""
-    return lake.query(
-        f"""WITH per_candidate AS (
-                SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
-                FROM candidates c LEFT JOIN verdicts v ON v.candidate_id = c.candidate_id
-                WHERE c.run_id = ? GROUP BY ALL)
-            SELECT p.prompt_id, p.task, count(*) AS n, count(*) FILTER (WHERE passed) AS c
-            FROM per_candidate JOIN prompts p USING (prompt_id)
-            GROUP BY ALL ORDER BY p.prompt_id""",
-        [run_id],
-    )
+def pass_counts(
+    lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
+):
+    """Per prompt of these candidates: task, n candidates and c passing (by `rule`, over
+    the verdicts of the verifiers and options in `used`, verifier -> options digest)."""
+    import pyarrow as pa
+
+    from thresher.stores.queries import scoped_verdicts
+
+    con = lake.connect()
+    try:
+        con.register("cands", pa.table({"candidate_id": pa.array(candidate_ids, pa.string())}))
+        verdicts = scoped_verdicts(con, used)
+        return con.sql(
+            f"""WITH per_candidate AS (
+                    SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
+                    FROM candidates c JOIN cands USING (candidate_id)
+                    LEFT JOIN {verdicts} v ON v.candidate_id = c.candidate_id
+                    GROUP BY ALL)
+                SELECT p.prompt_id, p.task, count(*) AS n, count(*) FILTER (WHERE passed) AS c
+                FROM per_candidate JOIN prompts p USING (prompt_id)
+                GROUP BY ALL ORDER BY p.prompt_id"""
+        ).pl()
+    finally:
+        con.close()
 
 
 def pass_at_ks(counts, ks: list[int]) -> list[dict]:

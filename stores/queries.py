@@ -1,4 +1,7 @@
-"""The queries the flows need: what to sample, what to verify, what a run produced."""
+"""The queries the flows need: what to sample, what to verify, what a run produced.
+
+Stages find their inputs by identity (candidate ids, a verifier's options digest, a
+selection id), never by the run that happened to write them."""
 
 from __future__ import annotations
 
@@ -26,34 +29,45 @@ def _with_ids(con, name: str, column: str, ids: list[str]) -> None:
     con.register(name, pa.table({column: pa.array(ids, pa.string())}))
 
 
-def complete_prompts(lake: Lake, expected: dict[str, list[str]]) -> set[str]:
-    """Prompts whose expected candidate ids (prompt_id -> ids) are all in the lake already."""
-    wanted = [c for ids in expected.values() for c in ids]
+def scoped_verdicts(con, used: dict[str, str] | None) -> str:
+    """The verdicts to read, as SQL: only each verifier's rows for its options digest in
+    `used` (verifier -> digest); every verdict when `used` is None."""
+    if used is None:
+        return "verdicts"
+    con.register(
+        "used_verifiers",
+        pa.table(
+            {
+                "verifier": pa.array(list(used), pa.string()),
+                "options_digest": pa.array(list(used.values()), pa.string()),
+            }
+        ),
+    )
+    return "(SELECT v.* FROM verdicts v JOIN used_verifiers USING (verifier, options_digest))"
+
+
+def existing_candidates(lake: Lake, ids: list[str]) -> set[str]:
+    """The ids among `ids` that are in the lake already."""
+    if not ids:
+        return set()
     con = lake.connect()
     try:
-        _with_ids(con, "wanted", "candidate_id", wanted)
-        found = con.sql(
-            "SELECT c.prompt_id, count(*) FROM candidates c JOIN wanted USING (candidate_id) "
-            "GROUP BY c.prompt_id"
-        ).fetchall()
+        _with_ids(con, "wanted", "candidate_id", ids)
+        found = con.sql("SELECT candidate_id FROM candidates JOIN wanted USING (candidate_id)")
+        return {r[0] for r in found.fetchall()}
     finally:
         con.close()
-    return {pid for pid, n in found if pid in expected and n >= len(expected[pid])}
 
 
 def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float]:
     """Each prompt's pass rate (unhinted candidates) in the latest round before
-    `before_round` that pipeline `name` curated it."""
+    `before_round` that pipeline `name` curated (its current selection)."""
     rows = lake.query(
-        """WITH curated AS (
-               SELECT DISTINCT run_id FROM runs
-               WHERE flow = 'curate' AND json_extract_string(config, '$.name') = ?),
-           rates AS (
+        """WITH rates AS (
                SELECT s.round, s.prompt_id,
                       avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate
-               FROM selections s JOIN candidates c USING (candidate_id)
-               WHERE s.round < ? AND s.run_id IN (SELECT run_id FROM curated)
-                 AND NOT coalesce(c.hinted, false)
+               FROM current_selections s JOIN candidates c USING (candidate_id)
+               WHERE s.pipeline = ? AND s.round < ? AND NOT coalesce(c.hinted, false)
                GROUP BY s.round, s.prompt_id)
            SELECT prompt_id, arg_max(pass_rate, round) AS pass_rate FROM rates
            GROUP BY prompt_id""",
@@ -63,51 +77,65 @@ def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float
 
 
 def unsolved_prompts(
-    lake: Lake, run_id: str, prompt_ids: list[str], rule: str | None = None
+    lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
 ) -> list[str]:
-    """Prompts of a run with verified unhinted candidates, none of which passes `rule`."""
+    """Prompts of these (unhinted) candidates that have verdicts, none of which passes `rule`."""
     from thresher.stores.rules import rule_sql
 
     con = lake.connect()
     try:
-        _with_ids(con, "batch", "prompt_id", prompt_ids)
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        verdicts = scoped_verdicts(con, used)
         rows = con.sql(
             f"""WITH per_candidate AS (
                     SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
-                    FROM candidates c JOIN batch USING (prompt_id)
-                    JOIN verdicts v ON v.candidate_id = c.candidate_id
-                    WHERE c.run_id = ? AND NOT coalesce(c.hinted, false)
+                    FROM candidates c JOIN cands USING (candidate_id)
+                    JOIN {verdicts} v ON v.candidate_id = c.candidate_id
+                    WHERE NOT coalesce(c.hinted, false)
                     GROUP BY ALL)
                 SELECT prompt_id FROM per_candidate GROUP BY prompt_id
-                HAVING NOT bool_or(passed) ORDER BY prompt_id""",
-            params=[run_id],
+                HAVING NOT bool_or(passed) ORDER BY prompt_id"""
         ).fetchall()
     finally:
         con.close()
     return [r[0] for r in rows]
 
 
-def candidates_to_verify(lake: Lake, run_id: str, prompt_ids: list[str], verifier: str):
-    """Candidates of a run's prompts, joined with their prompt, that `verifier` has not scored."""
+def candidates_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, digest: str):
+    """These candidates, joined with their prompt, that `verifier` with these options (its
+    digest) has not scored."""
     con = lake.connect()
     try:
-        _with_ids(con, "batch", "prompt_id", prompt_ids)
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
         return con.sql(
             """SELECT c.candidate_id, c.prompt_id, c.text, c.finish_reason, c.n_tokens,
                       p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
-               FROM candidates c JOIN batch USING (prompt_id) JOIN prompts p USING (prompt_id)
-               WHERE c.run_id = ?
-                 AND NOT EXISTS (SELECT 1 FROM verdicts v
-                                 WHERE v.candidate_id = c.candidate_id AND v.verifier = ?)
+               FROM candidates c JOIN cands USING (candidate_id) JOIN prompts p USING (prompt_id)
+               WHERE NOT EXISTS (SELECT 1 FROM verdicts v
+                                 WHERE v.candidate_id = c.candidate_id AND v.verifier = ?
+                                   AND v.options_digest = ?)
                ORDER BY c.prompt_id, c.sample_idx""",
-            params=[run_id, verifier],
+            params=[verifier, digest],
         ).pl()
     finally:
         con.close()
 
 
-def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
-    """Prompts, candidates, pass rate and kept counts of one run (passed = not `failed`)."""
+def count_verdicts(lake: Lake, candidate_ids: list[str], used: dict[str, str]) -> int:
+    """Verdicts these candidates have from the verifiers and options in `used`."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        verdicts = scoped_verdicts(con, used)
+        return con.sql(
+            f"SELECT count(*) FROM {verdicts} JOIN cands USING (candidate_id)"
+        ).fetchall()[0][0]
+    finally:
+        con.close()
+
+
+def run_summary(lake: Lake, selection_id: str) -> dict:
+    """Prompts, candidates, pass rate and kept counts of one selection (passed = not `failed`)."""
     row = lake.query(
         """SELECT count(DISTINCT c.prompt_id) AS prompts,
                   count(*) AS candidates,
@@ -121,13 +149,28 @@ def run_summary(lake: Lake, run_id: str, round_: int) -> dict:
                   count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
                   count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
                   count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
-           FROM candidates c
-           JOIN selections s ON s.candidate_id = c.candidate_id AND s.round = ?
-           WHERE c.run_id = ?""",
-        [round_, run_id],
+           FROM selections s JOIN candidates c USING (candidate_id)
+           WHERE s.selection_id = ?""",
+        [selection_id],
     ).row(0, named=True)
     row["pass_rate"] = round(float(row["pass_rate"]), 4)
     return row
+
+
+def previous_run(lake: Lake, flow: str, name: str, round_: int, run_id: str) -> dict | None:
+    """The latest other run of this flow, pipeline name and round (config parsed), or None."""
+    import json
+
+    rows = lake.query(
+        """SELECT run_id, config, status FROM runs
+           WHERE flow = ? AND json_extract_string(config, '$.name') = ? AND round = ?
+             AND run_id <> ?
+           ORDER BY started_at DESC LIMIT 1""",
+        [flow, name, round_, run_id],
+    ).to_dicts()
+    if not rows:
+        return None
+    return {**rows[0], "config": json.loads(rows[0]["config"] or "{}")}
 
 
 def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str, str]]:

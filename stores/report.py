@@ -4,8 +4,9 @@ Round r's eval row measures model r (round 0 is the base model): the model that 
 round r's training data. Round r's curated data trains model r+1, whose eval is round
 r+1's row, so reading down the round table shows what each round of data bought.
 
-`name` restricts every frame to one pipeline: evals of `evaluate` runs and selections of
-`curate` runs whose config `name` equals it. Without it, every row of the lake counts.
+`name` restricts every frame to one pipeline: evals of `evaluate` runs and the current
+selections of `curate` runs whose config `name` equals it. Without it, every pipeline's
+current selections count.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ def _runs_named(flow: str) -> str:
 
 
 def _selections(name: str | None) -> tuple[str, list]:
-    """A CTE `sel`: the curated selections (of pipeline `name`), and its parameters."""
+    """A CTE `sel`: the current selection of each round (of pipeline `name`), and its
+    parameters."""
     if name is None:
-        return "sel AS (SELECT * FROM selections)", []
-    return f"sel AS (SELECT * FROM selections WHERE run_id IN ({_runs_named('curate')}))", [name]
+        return "sel AS (SELECT * FROM current_selections)", []
+    return "sel AS (SELECT * FROM current_selections WHERE pipeline = ?)", [name]
 
 
 def _metric_key(metric: str) -> tuple[str, int, str]:

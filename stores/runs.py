@@ -23,6 +23,7 @@ def record_run(
     started_at: datetime,
     summary: dict[str, Any] | None = None,
     finished: bool = False,
+    selection_id: str | None = None,
 ) -> None:
     """Append the run's current status."""
     stamp = now()
@@ -35,6 +36,7 @@ def record_run(
                 "round": round_,
                 "model": model,
                 "config": json.dumps(config, sort_keys=True, default=str),
+                "selection_id": selection_id,
                 "status": status,
                 "summary": json.dumps(summary or {}, sort_keys=True, default=str),
                 "started_at": started_at,
@@ -47,12 +49,26 @@ def record_run(
 
 @contextmanager
 def tracked_run(
-    lake: Lake, run_id: str, *, flow: str, round_: int, model: str, config: dict[str, Any]
+    lake: Lake,
+    run_id: str,
+    *,
+    flow: str,
+    round_: int,
+    model: str,
+    config: dict[str, Any],
+    selection_id: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Record a run as running, then completed with the summary the body puts in the
     yielded dict, or failed with the error that escaped it."""
     started = now()
-    run = dict(flow=flow, round_=round_, model=model, config=config, started_at=started)
+    run = dict(
+        flow=flow,
+        round_=round_,
+        model=model,
+        config=config,
+        started_at=started,
+        selection_id=selection_id,
+    )
     record_run(lake, run_id, status="running", **run)
     summary: dict[str, Any] = {}
     try:
@@ -75,3 +91,23 @@ def latest_run(lake: Lake, run_id: str) -> dict[str, Any] | None:
     row["config"] = json.loads(row["config"] or "{}")
     row["summary"] = json.loads(row["summary"] or "{}")
     return row
+
+
+def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(config, dict):
+        out: dict[str, Any] = {}
+        for key, value in config.items():
+            out |= _flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): config}
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The settings `after` changes, as "select.cap 1 -> 3" (keys only `after` has count
+    when they differ from nothing)."""
+    old, new = _flatten(before), _flatten(after)
+    return [
+        f"{key} {json.dumps(old.get(key), default=str)} -> {json.dumps(value, default=str)}"
+        for key, value in sorted(new.items())
+        if old.get(key) != value
+    ]

@@ -41,6 +41,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("round", pa.int64()),
             ("model", pa.string()),
             ("config", pa.string()),  # JSON
+            ("selection_id", pa.string()),  # curate: the selection it wrote and reads
             ("status", pa.string()),
             ("summary", pa.string()),  # JSON
             ("started_at", TS),
@@ -68,6 +69,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("candidate_id", pa.string()),
             ("verifier", pa.string()),
+            ("options_digest", pa.string()),  # the verifier's version and options
             ("score", pa.float64()),
             ("passed", pa.bool_()),
             ("reason", pa.string()),
@@ -78,6 +80,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "selections": pa.schema(
         [
+            ("selection_id", pa.string()),  # a digest of everything selection depends on
             ("round", pa.int64()),
             ("candidate_id", pa.string()),
             ("prompt_id", pa.string()),
@@ -117,13 +120,16 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 # Columns that identify a row: appending a row whose key is already present adds nothing.
+# Each stage's rows are identified by exactly what determines them, so a changed setting
+# adds new rows for that stage and reuses the rest; `run_id` columns only record which
+# run wrote a row.
 KEYS: dict[str, tuple[str, ...]] = {
     "prompts": ("prompt_id",),
     "rejects": ("reject_id",),
     "runs": (),  # status updates are appended; the view shows the latest row per run
     "candidates": ("candidate_id",),
-    "verdicts": ("candidate_id", "verifier"),
-    "selections": ("round", "candidate_id"),
+    "verdicts": ("candidate_id", "verifier", "options_digest"),
+    "selections": ("selection_id", "candidate_id"),
     "train_metrics": ("run_id", "step"),
     "evals": ("run_id", "task", "metric"),
 }

@@ -28,12 +28,12 @@ SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tok
        coalesce(cand.hinted, false) AS hinted,
        p.prompt, p.messages,
        {passed} AS passed,
-       coalesce(max(v.score) FILTER (WHERE v.verifier = 'reward'), avg(v.score)) AS score
+       coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
+           AS score
 FROM candidates cand
-JOIN batch b ON b.prompt_id = cand.prompt_id
+JOIN cands USING (candidate_id)
 LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
-LEFT JOIN verdicts v ON v.candidate_id = cand.candidate_id
-WHERE cand.run_id = $run_id AND cand.round = $round
+LEFT JOIN {verdicts} v ON v.candidate_id = cand.candidate_id
 GROUP BY ALL
 ORDER BY cand.prompt_id, hinted, cand.sample_idx
 """
@@ -187,47 +187,50 @@ def _rank(alive: list[dict], spec: SelectSpec) -> list[dict]:
 
 def select_batch(
     lake: Lake,
-    run_id: str,
+    selection_id: str,
     round_: int,
-    prompt_ids: list[str],
+    candidate_ids: list[str],
     cap: int = 4,
     rule: str | None = None,
+    used: dict[str, str] | None = None,
+    ranking: list[str] | None = None,
+    run_id: str | None = None,
     **options,
 ) -> int:
-    """Write `selections` for a run's candidates of these prompts; returns rows written.
+    """Write selection `selection_id` of these candidates; returns rows written (0 when
+    this selection of them is in the lake already).
 
     `rule` (e.g. "math and format") says which verdicts make a candidate pass; by
-    default every verifier that scored it must have passed it. Other options are the
-    fields of SelectSpec (policy, near_dup, threshold, eval_index, ...).
+    default every verifier that scored it must have passed it. `used` (verifier ->
+    options digest) limits the verdicts read to those settings; the scores of the
+    `ranking` verifiers rank candidates for `top_score`. Other options are the fields
+    of SelectSpec (policy, near_dup, threshold, eval_index, ...).
     """
+    from thresher.stores.queries import scoped_verdicts
+
     spec = SelectSpec(cap=cap, rule=rule, **options)
     con = lake.connect()
     try:
-        con.register("batch", pa.table({"prompt_id": pa.array(prompt_ids, pa.string())}))
-        sql = OUTCOMES_SQL.format(passed=rule_sql(rule))
-        rows = con.sql(sql, params={"run_id": run_id, "round": round_}).pl().to_dicts()
+        con.register("cands", pa.table({"candidate_id": pa.array(candidate_ids, pa.string())}))
+        sql = OUTCOMES_SQL.format(passed=rule_sql(rule), verdicts=scoped_verdicts(con, used))
+        rows = con.sql(sql, params={"ranking": list(ranking or [])}).pl().to_dicts()
+        done = con.sql(
+            "SELECT count(*) FROM selections JOIN cands USING (candidate_id) "
+            "WHERE selection_id = ?",
+            params=[selection_id],
+        ).fetchall()[0][0]
     finally:
         con.close()
-    done = (
-        set(
-            lake.query(
-                "SELECT candidate_id FROM selections WHERE round = ? AND candidate_id IN "
-                "(SELECT unnest(?))",
-                [round_, [r["candidate_id"] for r in rows]],
-            )["candidate_id"]
-        )
-        if rows
-        else set()
-    )
-    if rows and len(done) == len(rows):
+    if rows and done >= len(rows):
         return 0  # this batch was selected already
-    kept_before = _kept_signatures(lake, round_, spec) if spec.across_prompts else None
+    kept_before = _kept_signatures(lake, selection_id, spec) if spec.across_prompts else None
     decide(rows, spec, kept_before)
     stamp = now()
     return lake.append(
         "selections",
         [
             {
+                "selection_id": selection_id,
                 "round": round_,
                 "candidate_id": r["candidate_id"],
                 "prompt_id": r["prompt_id"],
@@ -241,13 +244,13 @@ def select_batch(
     )
 
 
-def _kept_signatures(lake: Lake, round_: int, spec: SelectSpec) -> list[tuple]:
+def _kept_signatures(lake: Lake, selection_id: str, spec: SelectSpec) -> list[tuple]:
     from thresher.stores.minhash import signatures
 
     kept = lake.query(
         "SELECT c.candidate_id, c.text FROM selections s JOIN candidates c USING (candidate_id) "
-        "WHERE s.round = ? AND s.kept ORDER BY s.created_at, c.prompt_id, c.sample_idx",
-        [round_],
+        "WHERE s.selection_id = ? AND s.kept ORDER BY s.created_at, c.prompt_id, c.sample_idx",
+        [selection_id],
     )
     if kept.height == 0:
         return []

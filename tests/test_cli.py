@@ -140,7 +140,7 @@ def test_export_command(lake, tmp_path):
         ],
     )
     lake.append("verdicts", [{"candidate_id": "c", "verifier": "exact", "passed": True}])
-    select_batch(lake, "r", 0, ["p"], cap=1)
+    select_batch(lake, "r", 0, ["c"], cap=1)
     cmd = [
         sys.executable,
         "-m",

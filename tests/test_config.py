@@ -70,3 +70,12 @@ def test_verify_section_is_checked():
     ).verify
     assert v.for_task("code") == ["code"] and v.for_task("algebra") == ["math", "format"]
     assert v.all_names() == ["math", "format", "code"]
+
+
+def test_config_changes_name_each_changed_setting():
+    from thresher.stores.runs import config_changes
+
+    before = CurateConfig(**BASE).model_dump()
+    after = CurateConfig(**BASE, select={"cap": 3}, sampling={"k": 6}).model_dump()
+    assert config_changes(before, after) == ["sampling.k 8 -> 6", "select.cap 4 -> 3"]
+    assert config_changes(before, before) == []

@@ -158,7 +158,9 @@ def test_config_keeps_one_process_by_default_and_a_global_batch():
     cfg = TrainConfig(name="t", base_model="m", batch_size=4)
     assert cfg.distributed.processes == 1 and cfg.distributed.strategy == "ddp"
     two = TrainConfig(name="t", base_model="m", batch_size=4, distributed={"processes": 2})
-    assert train_run_id(two) == train_run_id(cfg)  # may resume with another process count
+    rows = [{"prompt": "q", "completion": "a"}]
+    assert train_run_id(two, rows) == train_run_id(cfg, rows)  # resumes with another count
+    assert train_run_id(cfg, rows) != train_run_id(cfg, [*rows, *rows])  # new data: new run
     with pytest.raises(ValidationError, match="global batch"):
         TrainConfig(name="t", base_model="m", batch_size=2, distributed={"processes": 4})
     with pytest.raises(ValidationError):

@@ -87,6 +87,21 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def claim_output(out_dir: str | Path, run_key: str) -> bool:
+    """Make `out_dir` the output of run `run_key`: checkpoints another run left there are
+    removed, so a run resumes only its own. True when some were removed."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "run.txt"
+    stale = marker.exists() and marker.read_text().strip() != run_key
+    if stale:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    marker.write_text(run_key + "\n")
+    return stale
+
+
 def _checkpoints(out: Path) -> list[Path]:
     folder = out / "checkpoints"
     if not folder.exists():

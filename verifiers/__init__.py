@@ -9,6 +9,9 @@ import polars as pl
 
 class Verifier(Protocol):
     name: str
+    version: int  # raised when its verdicts change for the same candidate and options
+    uses_device: bool  # runs a model on the accelerator: it takes the device slot
+    ranks: bool  # its score ranks candidates (the `top_score` selection policy)
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame: ...
 
@@ -23,6 +26,23 @@ def registry() -> dict[str, type]:
 
     classes = (ExactMatch, MathAnswer, Choice, Regex, Format, UnitTests, RewardModel)
     return {cls.name: cls for cls in classes}
+
+
+def traits(name: str) -> dict[str, Any]:
+    """A registered verifier's version, uses_device and ranks (defaults: 1, False, False)."""
+    cls = registry()[name]
+    return {
+        "version": getattr(cls, "version", 1),
+        "uses_device": getattr(cls, "uses_device", False),
+        "ranks": getattr(cls, "ranks", False),
+    }
+
+
+def options_digest(name: str, options: dict[str, Any] | None = None) -> str:
+    """What identifies a verifier's verdicts besides the candidate: name, version, options."""
+    from thresher.ids import content_id
+
+    return content_id("verifier", name, traits(name)["version"], options or {})
 
 
 def get_verifier(name: str, options: dict[str, Any] | None = None) -> Verifier:

@@ -135,6 +135,24 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     assert again.stderr.count("already trained") == 2
     assert "starting the vLLM engine" not in again.stderr
 
+    # `verify:` edited after the rounds ran: the next run continues, verifies the same
+    # candidates with the added verifier, and measures every model with it
+    config["verify"] = {"verifiers": ["math", "exact"]}
+    path.write_text(yaml.safe_dump(config))
+    edited = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert edited.returncode == 0, edited.stderr[-4000:]
+    assert "max_rounds (2) reached" in edited.stdout
+    curated = f"SELECT candidate_id FROM candidates WHERE round = 0 AND run_id IN ({CURATED})"
+    assert _count(
+        lake,
+        f"SELECT count(*) FROM verdicts WHERE verifier = 'exact' AND candidate_id IN ({curated})",
+    ) == _count(lake, f"SELECT count(*) FROM ({curated})")
+    per_round = lake.query(
+        "SELECT round, count(DISTINCT run_id) AS runs FROM evals WHERE task = 'all' "
+        "GROUP BY 1 ORDER BY 1"
+    ).rows()
+    assert per_round == [(0, 2), (1, 2), (2, 2)]  # each model measured with both configs
+
 
 def test_rationalized_samples_are_flagged_and_train_without_the_hint(tiny_model, tmp_path):
     from transformers import AutoTokenizer
