@@ -25,8 +25,8 @@ class NothingToCurate(ValueError):
 
 
 def transient(task, task_run, state) -> bool:
-    """Retry only what a retry can fix: a server's connection errors and timeouts, a
-    lost Ray engine or node."""
+    """Retry only what a retry can fix: a server that was down or overloaded, connection
+    errors and timeouts, a lost Ray engine or node; never a server's refusal (4xx)."""
     import httpx
 
     from thresher.flows.cluster import is_cluster_failure
@@ -34,7 +34,9 @@ def transient(task, task_run, state) -> bool:
 
     try:
         state.result()
-    except (ServerError, httpx.TransportError, ConnectionError, TimeoutError):
+    except ServerError as e:
+        return e.retryable
+    except (httpx.TransportError, ConnectionError, TimeoutError):
         return True
     except BaseException as e:
         return is_cluster_failure(e)

@@ -11,7 +11,15 @@ from thresher.samplers.vllm_offline import Completion
 
 
 class ServerError(RuntimeError):
-    """The server refused a request (4xx) or kept failing after every retry."""
+    """The server refused a request (4xx), or kept failing after every retry.
+
+    `retryable` says whether trying again later may help (failures after every retry:
+    the server was down or overloaded); a refusal or a malformed answer will not change.
+    """
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 RETRY_STATUS = {408, 409, 425, 429}  # retried like 5xx: timeouts, conflicts, rate limits
@@ -33,7 +41,9 @@ async def _post(client, url: str, body: dict, *, retries: int, backoff: float) -
                 raise ServerError(f"{url} refused the request ({code}): {response.text[:500]}")
             problem = f"HTTP {code}: {response.text[:200]}"
         if attempt == retries:
-            raise ServerError(f"{url} failed after {retries + 1} attempts; last error: {problem}")
+            raise ServerError(
+                f"{url} failed after {retries + 1} attempts; last error: {problem}", retryable=True
+            )
         delay = backoff * 2**attempt
         await asyncio.sleep(delay * (0.5 + random.random()))  # jitter spreads the retries
     raise AssertionError("unreachable")

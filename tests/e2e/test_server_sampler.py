@@ -99,10 +99,9 @@ def test_chat_prompts_and_truncation(server):
 
 
 def test_client_errors_fail_at_once(server):
-    start = time.monotonic()
-    with pytest.raises(ServerError, match="refused the request \\(404\\)"):
+    with pytest.raises(ServerError, match="refused the request \\(404\\)") as refused:
         sample_server(server, "no-such-model", ["hi"], [None], k=2, retries=5, backoff=5, **PARAMS)
-    assert time.monotonic() - start < 5  # no retry on a 4xx (a 5 s backoff would show)
+    assert not refused.value.retryable  # (test_a_refusal_is_tried_once counts the requests)
 
 
 def test_connection_errors_are_retried_then_reported():
@@ -187,3 +186,46 @@ def test_curate_flow_samples_from_the_server(server, tmp_path):
     )
     assert per_prompt["n"].to_list() == [3, 3] and per_prompt["t"].min() > 0
     assert lake.count("verdicts") == 6 and lake.count("selections") == 6
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers every request with 404, counting them."""
+
+    calls = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        Refusing.calls += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_refusal_is_tried_once_by_the_sampler_and_the_flow(tmp_path):
+    """A 4xx fails at once: the sampler does not retry it, nor does the flow's task."""
+    from thresher.flows.config import CurateConfig
+    from thresher.flows.curate import run_curate
+    from thresher.stores.ingest import ingest
+    from thresher.stores.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    ingest(lake, src, dataset="d", task="arithmetic")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    cfg = CurateConfig(
+        name="refused",
+        model="m",
+        prompts={"dataset": "d"},
+        sampling={"k": 2, "max_tokens": 8},
+        server={"base_url": f"http://127.0.0.1:{httpd.server_address[1]}/v1", "retries": 5},
+    )
+    try:
+        with pytest.raises(ServerError, match="refused the request \\(404\\)"):
+            run_curate(cfg, lake.root, progress=False)
+    finally:
+        httpd.shutdown()
+    assert Refusing.calls == 1
