@@ -62,9 +62,10 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from thresher.flows.config import CurateConfig
-    from thresher.flows.curate import curate_flow, engine_for, quiet_task_logs, stop_engine
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import curate_flow, quiet_task_logs, stop_engine
     from thresher.flows.runtime import flow_settings
+    from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
     from thresher.trainers.tiny import make_word_problem_model, write_word_problems
@@ -100,7 +101,7 @@ def main() -> None:
         return time.perf_counter() - start
 
     try:
-        engine_for(local)
+        local_engine(local)
         run(local)  # warm-up: engine, caches; then the Ray side's engine actor
         run(on_ray)
         local_t, ray_t = [], []

@@ -41,7 +41,7 @@ def corpus(n: int, per_prompt: int = 8, words: int = 200, seed: int = 0):
 def datasketch_dedup(prompt_ids, texts, threshold, num_perm, shingle_size) -> list[bool]:
     from datasketch import MinHash, MinHashLSH
 
-    from thresher.stores.minhash import shingles
+    from thresher.selection.minhash import shingles
 
     keep, indexes = [], {}
     for i, (pid, text) in enumerate(zip(prompt_ids, texts, strict=True)):
@@ -58,7 +58,7 @@ def datasketch_dedup(prompt_ids, texts, threshold, num_perm, shingle_size) -> li
 
 
 def thresher_dedup(prompt_ids, texts, threshold, num_perm, shingle_size) -> list[bool]:
-    from thresher.stores.minhash import near_duplicates, signatures
+    from thresher.selection.minhash import near_duplicates, signatures
 
     sigs = signatures(texts, num_perm=num_perm, shingle_size=shingle_size)
     return [d is None for d in near_duplicates(sigs, prompt_ids, threshold)]

@@ -50,11 +50,10 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from prefect import flow
 
-    from thresher.flows.config import CurateConfig
+    from thresher.config import CurateConfig
     from thresher.flows.curate import (
         batched,
         curate_flow,
-        engine_for,
         plain_ids,
         prompt_rows,
         quiet_task_logs,
@@ -67,6 +66,7 @@ def main() -> None:
         verify_batch,
     )
     from thresher.flows.runtime import flow_settings
+    from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
     from thresher.stores.queries import run_summary
@@ -151,7 +151,7 @@ def main() -> None:
     with flow_settings():
         noop()
     empty_flow = time.perf_counter() - start
-    engine_for(cfg)  # one engine for both sides, started outside the timings
+    local_engine(cfg)  # one engine for both sides, started outside the timings
     direct()  # warm-up: math-verify caches, DuckDB, the engine's prefix cache
     first_flow = as_flow()[0]  # and the flow's one-off registration in this process
     flow_runs, direct_runs = [], []

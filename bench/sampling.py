@@ -44,8 +44,9 @@ def main() -> None:
     from prefect import flow
     from vllm import SamplingParams
 
-    from thresher.flows.config import CurateConfig
-    from thresher.flows.curate import engine_for, run_id_for, sample_batch
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import run_id_for, sample_batch
+    from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
     from thresher.stores.queries import load_prompts
@@ -63,7 +64,7 @@ def main() -> None:
         engine={"dtype": "float32", "max_model_len": 256},
     )
     s = cfg.sampling
-    llm = engine_for(cfg)  # the very engine the sampling stage uses
+    llm = local_engine(cfg)  # the very engine the sampling stage uses
     params = SamplingParams(
         n=s.k, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens
     )

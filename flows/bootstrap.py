@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow
 
-from thresher.flows.config import BootstrapConfig
+from thresher.config import BootstrapConfig
 from thresher.ids import content_id
 from thresher.stores.lake import Lake
 
@@ -149,8 +149,8 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
 
 def publish_bootstrap(cfg: BootstrapConfig, lake: Lake, stop: str) -> None:
     """Held-out pass@k and the funnel per round, as a Prefect artifact."""
+    from thresher.evaluators.report import round_table
     from thresher.flows.artifacts import publish
-    from thresher.stores.report import round_table
 
     publish(
         f"bootstrap-{cfg.name}",

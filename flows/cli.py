@@ -257,7 +257,7 @@ def curate(
     new verifier (or new options) verifies with it only; a larger k samples only the new
     indices, a smaller one reads the first k. The summary says what was reused and why.
     """
-    from thresher.flows.config import ConfigError, load_config
+    from thresher.config import ConfigError, load_config
 
     try:
         cfg = load_config(config)
@@ -355,7 +355,7 @@ def eval_cmd(
     """
     from pydantic import ValidationError
 
-    from thresher.flows.config import EvalConfig
+    from thresher.config import EvalConfig
 
     try:
         cfg = EvalConfig(
@@ -402,7 +402,7 @@ def train_cmd(
     ./models/ when the lake is remote, e.g. s3://). With `distributed: {processes: N}` the
     same training runs in N processes (one per GPU) under torchrun, DDP or FSDP.
     """
-    from thresher.flows.config import ConfigError, TrainConfig, load_config
+    from thresher.config import ConfigError, TrainConfig, load_config
 
     try:
         cfg = load_config(config, TrainConfig)
@@ -452,7 +452,7 @@ def bootstrap(
     last finished step (nothing is sampled or trained twice); a larger --max-rounds adds
     rounds. Prints pass@k and the funnel per round; `thresher report` draws them.
     """
-    from thresher.flows.config import BootstrapConfig, ConfigError, load_config
+    from thresher.config import BootstrapConfig, ConfigError, load_config
 
     try:
         cfg = load_config(config, BootstrapConfig)
@@ -463,10 +463,10 @@ def bootstrap(
     cfg = with_executor(cfg, executor)
     if not Path(cfg.base_model).is_dir():
         fail(f"model folder {cfg.base_model!r} does not exist (models load from local folders)")
+    from thresher.evaluators.report import round_table
     from thresher.flows.bootstrap import run_bootstrap
     from thresher.flows.curate import NothingToCurate
     from thresher.stores.lake import Lake
-    from thresher.stores.report import round_table
 
     lk = Lake(lake or cfg.lake)
     try:
@@ -558,9 +558,9 @@ def report(
     import duckdb
     import polars.selectors as cs
 
-    from thresher.flows.report import PLOTS, write_report
+    from thresher.evaluators.page import PLOTS, write_report
+    from thresher.evaluators.report import round_table
     from thresher.stores.lake import Lake
-    from thresher.stores.report import round_table
 
     lk = Lake(lake, create=False)
     try:
@@ -606,7 +606,7 @@ SCHEDULED_FLOWS = {
 
 def _load_flow_config(kind: str, path: Path):
     """Validate CONFIG with the flow's pydantic model (as the flow's own command does)."""
-    from thresher.flows.config import ConfigError, load_config
+    from thresher.config import ConfigError, load_config
     from thresher.flows.schedule import config_model
 
     try:

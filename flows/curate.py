@@ -13,11 +13,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
-from thresher.flows.config import CurateConfig
+from thresher.config import CurateConfig
 from thresher.ids import content_id
 from thresher.samplers import candidate_rows
-from thresher.stores.lake import Lake, now
+from thresher.stores.lake import Lake
 from thresher.stores.queries import existing_candidates
+from thresher.stores.tables import write_candidates, write_verdicts
 
 
 class NothingToCurate(ValueError):
@@ -29,7 +30,7 @@ def transient(task, task_run, state) -> bool:
     errors and timeouts, a lost Ray engine or node; never a server's refusal (4xx)."""
     import httpx
 
-    from thresher.flows.cluster import is_cluster_failure
+    from thresher.cluster import is_cluster_failure
     from thresher.samplers.openai_server import ServerError
 
     try:
@@ -159,12 +160,18 @@ def _sample_missing(
     todo = [p for p in batch if missing[p["prompt_id"]]]
     if not todo:
         return 0, 0.0
-    sample = _sampler(cfg)  # starts the engine on first use: not counted as sampling time
+    from thresher.flows.slots import hold_for_engine
+    from thresher.samplers.engines import sampler_for
+
+    # starts the engine on first use (holding the device slot): not counted as sampling time
+    sampler = sampler_for(cfg, before_engine=hold_for_engine)
     written, seconds = 0, 0.0
     for n in sorted({len(missing[p["prompt_id"]]) for p in todo}):
         group = [p for p in todo if len(missing[p["prompt_id"]]) == n]
         start = time.perf_counter()
-        completions = sample([p["prompt"] for p in group], [p["messages"] for p in group], n)
+        completions = sampler.sample(
+            [p["prompt"] for p in group], [p["messages"] for p in group], n
+        )
         seconds += time.perf_counter() - start
         rows = candidate_rows(
             [p["prompt_id"] for p in group],
@@ -177,7 +184,7 @@ def _sample_missing(
             hinted=hinted,
             indices=[missing[p["prompt_id"]] for p in group],
         )
-        written += lake.append("candidates", rows)
+        written += write_candidates(lake, rows)
     return written, seconds
 
 
@@ -189,7 +196,7 @@ def rationalize_batch(
     again with the reference answer as a hint."""
     import json
 
-    from thresher.stores.difficulty import hinted_prompt
+    from thresher.samplers.difficulty import hinted_prompt
     from thresher.stores.queries import unsolved_prompts
 
     r = cfg.rationalize
@@ -211,99 +218,6 @@ def rationalize_batch(
     return written
 
 
-def _sampler(cfg: CurateConfig):
-    """A function from (prompts, messages, k) to k completions each: local engine or server."""
-    inner = _raw_sampler(cfg)
-    if not cfg.sampling.chat:
-        return inner
-
-    def sample(prompts, messages, k):
-        import json
-
-        messages = [
-            m if m else json.dumps([{"role": "user", "content": p}])
-            for p, m in zip(prompts, messages, strict=True)
-        ]
-        return inner(prompts, messages, k)
-
-    return sample
-
-
-def _raw_sampler(cfg: CurateConfig):
-    s = cfg.sampling
-    params = dict(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=s.max_tokens,
-        stop=s.stop,
-    )
-    if cfg.server:
-        import os
-
-        from thresher.samplers.openai_server import sample_server
-
-        srv = cfg.server
-        key = os.environ.get(srv.api_key_env) if srv.api_key_env else None
-        return lambda prompts, messages, k: sample_server(
-            srv.base_url,
-            cfg.model,
-            prompts,
-            messages,
-            k=k,
-            concurrency=srv.concurrency,
-            retries=srv.retries,
-            timeout=srv.timeout_s,
-            api_key=key,
-            vllm_extensions=srv.vllm_extensions,
-            **params,
-        )
-    if cfg.executor == "ray":
-        from thresher.flows.cluster import engine_pool
-
-        # the engines run in other processes and on other nodes: absolute paths
-        kwargs = engine_kwargs(cfg) | {"model": _absolute(cfg.model)}
-        pool, lora = engine_pool(cfg.ray, kwargs), cfg.lora and _absolute(cfg.lora)
-        return lambda prompts, messages, k: pool.sample(prompts, messages, k, params, lora)
-    from thresher.samplers.vllm_offline import render_prompts, sample
-
-    llm = engine_for(cfg)
-    return lambda prompts, messages, k: sample(
-        llm, render_prompts(llm, prompts, messages), k=k, lora=cfg.lora, **params
-    )
-
-
-def _absolute(path: str) -> str:
-    return str(Path(path).absolute()) if Path(path).exists() else path
-
-
-def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
-    """The arguments of `get_engine` for this config."""
-    from thresher.samplers.vllm_offline import lora_rank
-
-    e = cfg.engine
-    return dict(
-        model=cfg.model,
-        seed=cfg.sampling.seed,
-        dtype=e.dtype,
-        max_model_len=e.max_model_len,
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        enforce_eager=e.enforce_eager,
-        max_lora_rank=lora_rank(cfg.lora) if cfg.lora else None,
-        extra=e.extra,
-    )
-
-
-def engine_for(cfg: CurateConfig):
-    """The process's vLLM engine for this config (started on first use); the engine holds
-    a device slot until `stop_engine`."""
-    from thresher.flows.slots import hold_for_engine
-    from thresher.samplers.vllm_offline import get_engine
-
-    hold_for_engine()
-    return get_engine(**engine_kwargs(cfg))
-
-
 @task(name="verify", cache_policy=NO_CACHE, **RETRY)
 def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
     """Score these candidates with the verifiers of each prompt's task, where a verifier with
@@ -311,9 +225,10 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
     import polars as pl
 
     from thresher.stores.queries import candidates_to_verify
-    from thresher.verifiers import get_verifier, traits
+    from thresher.verifiers import get_verifier, runner_for, traits
 
     lake = Lake(lake_root)
+    run_verifier = runner_for(cfg)
     written = 0
     v = cfg.verify
     digests = verifier_digests(cfg)
@@ -326,20 +241,11 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
         if traits(name)["uses_device"]:
             from thresher.flows.slots import gpu_slot
 
-            with gpu_slot(name):
+            with gpu_slot(name):  # a model on the accelerator: scored here, one at a time
                 verdicts = get_verifier(name, v.options.get(name)).run(todo)
-        elif cfg.executor == "ray":
-            from thresher.flows.cluster import verify_on_cluster
-
-            verdicts = verify_on_cluster(cfg.ray, name, v.options.get(name), todo)
         else:
-            verdicts = get_verifier(name, v.options.get(name)).run(todo)
-        verdicts = verdicts.with_columns(
-            pl.lit(digests[name]).alias("options_digest"),
-            pl.lit(run_id).alias("run_id"),
-            pl.lit(now()).alias("created_at"),
-        )
-        written += lake.append("verdicts", verdicts)
+            verdicts = run_verifier(name, v.options.get(name), todo)
+        written += write_verdicts(lake, verdicts, digests[name], run_id)
     return written
 
 
@@ -347,25 +253,21 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
 def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
     """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why;
     returns selections written (0 when this selection of the batch exists already)."""
-    from thresher.stores.select import select_batch as select
+    from thresher.selection.select import select_batch as select
     from thresher.verifiers import traits
 
-    s = cfg.select
-    options = s.model_dump(exclude={"cap", "decontaminate"})
-    if cfg.rationalize.enabled:
-        options["max_hinted_share"] = cfg.rationalize.max_share
     return select(
         Lake(lake_root),
         selection_id_for(cfg),
         cfg.round,
         candidate_ids,
-        s.cap,
+        cfg.select,
         cfg.verify.rule,
         used=verifier_digests(cfg),
         ranking=[n for n in cfg.verify.all_names() if traits(n)["ranks"]],
         run_id=run_id,
         eval_index=eval_index(lake_root, cfg),
-        **options,
+        max_hinted_share=cfg.rationalize.max_share if cfg.rationalize.enabled else None,
     )
 
 
@@ -374,7 +276,7 @@ _EVAL_INDEXES: dict[str, Any] = {}
 
 def eval_index(lake_root: str, cfg: CurateConfig):
     """The decontamination index for this config, built once per process and lake."""
-    from thresher.stores.decontam import EvalIndex, file_items
+    from thresher.selection.decontam import EvalIndex, file_items
     from thresher.stores.queries import eval_items
 
     d = cfg.select.decontaminate
@@ -419,7 +321,7 @@ def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
 
 def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, int]:
     """prompt_id -> candidates to sample this round (0: skipped as solved)."""
-    from thresher.stores.difficulty import plan_k
+    from thresher.samplers.difficulty import plan_k
     from thresher.stores.queries import last_pass_rates
 
     d = cfg.difficulty
@@ -433,19 +335,19 @@ def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, 
 def sampled_batches(
     sample, lake_root: str, cfg: CurateConfig, run_id: str, batches: list[list[dict]], ks_q
 ) -> Iterator[tuple[list[dict], tuple[int, float]]]:
-    """(batch, sample task result) in batch order. Locally one batch at a time; on Ray,
-    one batch per engine in flight (plus one queued), so the engines keep sampling while
-    this process verifies and selects the batches they finished."""
+    """(batch, sample task result) in batch order, with as many batches sampling at once as
+    the sampler wants (a Ray pool: one per engine plus one queued), so the engines keep
+    sampling while this process verifies and selects the batches they finished."""
+    from collections import deque
+
+    from thresher.samplers.engines import batches_in_flight
+
     cfg_q = quote(cfg)
-    if cfg.executor != "ray":
+    window = batches_in_flight(cfg)
+    if window == 1:
         for batch in batches:
             yield batch, sample(lake_root, cfg_q, run_id, quote(batch), ks_q)
         return
-    from collections import deque
-
-    from thresher.flows.cluster import engine_count
-
-    window = engine_count(cfg.ray) + 1
     pending: deque = deque()
     for batch in batches:
         pending.append((batch, sample.submit(lake_root, cfg_q, run_id, quote(batch), ks_q)))
@@ -455,16 +357,6 @@ def sampled_batches(
     while pending:
         done, future = pending.popleft()
         yield done, future.result()
-
-
-def engine_batches(cfg: CurateConfig) -> dict[str, Any]:
-    """How many sampling calls each Ray engine served (load balance, for the summary)."""
-    from thresher.flows.cluster import current_pool
-
-    pool = current_pool()
-    return {"executor": "ray", "engines": pool.size if pool else 0} | (
-        {"batches_per_engine": list(pool.batches)} if pool else {}
-    )
 
 
 def _run_name(kind: str) -> str:
@@ -485,6 +377,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     """Sample, verify and select one round for the prompts the config names."""
     from tqdm.auto import tqdm
 
+    from thresher.samplers.engines import run_stats
     from thresher.stores.queries import run_summary
     from thresher.stores.runs import tracked_run
 
@@ -525,8 +418,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
                 bar.update(len(batch))
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{done['sampled'] / sampling_s:.0f}")
-        if cfg.executor == "ray":
-            summary.update(engine_batches(cfg))
+        summary.update(run_stats(cfg))
         summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, selection_id))
         summary.update(
             selection_id=selection_id,
@@ -595,17 +487,11 @@ def deployment_cleanup() -> Iterator[None]:
 
 def stop_engine() -> None:
     """Shut the process's engine (or Ray engine pool) down and give its device slot back."""
-    import sys
-
     from thresher.flows.slots import release_engine_slot
-    from thresher.samplers.vllm_offline import shutdown_engine
+    from thresher.samplers.engines import shutdown
 
     try:
-        shutdown_engine()
-        if "thresher.flows.cluster" in sys.modules:  # only when a pool may run
-            from thresher.flows.cluster import shutdown_pool
-
-            shutdown_pool()
+        shutdown()
     finally:
         release_engine_slot()
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from prefect import flow
 
-from thresher.flows.config import EvalConfig
+from thresher.config import EvalConfig
 from thresher.ids import content_id
-from thresher.stores.lake import Lake, now
+from thresher.stores.lake import Lake
 
 
 def eval_run_id(cfg: EvalConfig) -> str:
@@ -46,6 +46,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 
+    from thresher.evaluators.passk import pass_at_ks, pass_counts
     from thresher.flows.curate import (
         deployment_cleanup,
         plain_ids,
@@ -55,8 +56,8 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         verifier_digests,
         verify_batch,
     )
-    from thresher.stores.passk import pass_at_ks, pass_counts
     from thresher.stores.runs import tracked_run
+    from thresher.stores.tables import write_evals
 
     cfg = EvalConfig(**config)
     cur = cfg.as_curate()
@@ -77,21 +78,14 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
                 bar.update(len(batch))
         counts = pass_counts(lake, every, cfg.verify.rule, verifier_digests(cur))
         metrics = pass_at_ks(counts, cfg.ks)
-        stamp = now()
-        lake.append(
-            "evals",
-            [
-                {
-                    "round": cfg.round,
-                    "model": cur.model_id,
-                    "split": cfg.prompts.split,
-                    "samples": cfg.n,
-                    "run_id": run_id,
-                    "created_at": stamp,
-                    **m,
-                }
-                for m in metrics
-            ],
+        write_evals(
+            lake,
+            metrics,
+            run_id,
+            round=cfg.round,
+            model=cur.model_id,
+            split=cfg.prompts.split,
+            samples=cfg.n,
         )
         summary.update(
             run_id=run_id,

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-# schedule sub-command -> (module, flow object, config model in thresher.flows.config)
+# schedule sub-command -> (module, flow object, config model in thresher.config)
 FLOWS: dict[str, tuple[str, str, str]] = {
     "curate": ("thresher.flows.curate", "curate_flow", "CurateConfig"),
     "bootstrap": ("thresher.flows.bootstrap", "bootstrap_flow", "BootstrapConfig"),

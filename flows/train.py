@@ -7,9 +7,9 @@ from typing import Any
 
 from prefect import flow
 
-from thresher.flows.config import TrainConfig
+from thresher.config import TrainConfig
 from thresher.ids import content_id
-from thresher.stores.lake import Lake, now
+from thresher.stores.lake import Lake
 
 
 def model_dir_for(lake: Lake, name: str, round_: int) -> Path:
@@ -85,7 +85,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
     from thresher.stores.runs import tracked_run
-    from thresher.trainers.sft import TrainSpec, claim_output, train
+    from thresher.stores.tables import write_train_metrics
+    from thresher.trainers.sft import claim_output, train
 
     cfg = TrainConfig(**config)
     lake = Lake(lake_root)
@@ -106,35 +107,9 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     with tracked_run(lake, run_id, **run) as summary:
         if claim_output(out, run_id):
             summary["discarded_checkpoints"] = "another run's (other data or settings)"
-        spec = TrainSpec(
-            base_model=base,
-            method=cfg.method,
-            lora_r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
-            lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules,
-            learning_rate=cfg.learning_rate,
-            epochs=cfg.epochs,
-            max_steps=cfg.max_steps,
-            batch_size=cfg.batch_size,
-            grad_accum=cfg.grad_accum,
-            warmup_ratio=cfg.warmup_ratio,
-            weight_decay=cfg.weight_decay,
-            max_len=cfg.max_len,
-            eval_fraction=cfg.eval_fraction,
-            eval_every=cfg.eval_every,
-            save_every=cfg.save_every,
-            keep_checkpoints=cfg.keep_checkpoints,
-            log_every=cfg.log_every,
-            seed=cfg.seed,
-            output=cfg.output,
-        )
 
         def on_metrics(rows_: list[dict]) -> None:
-            stamp = now()
-            lake.append(
-                "train_metrics", [{**r, "run_id": run_id, "created_at": stamp} for r in rows_]
-            )
+            write_train_metrics(lake, run_id, rows_)
 
         from thresher.flows.slots import gpu_slot
 
@@ -144,10 +119,10 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
 
                 d = cfg.distributed
                 result = train_distributed(
-                    spec, rows, out, d.processes, d.strategy, d.backend, on_metrics, progress
+                    cfg, base, rows, out, d.processes, d.strategy, d.backend, on_metrics, progress
                 )
             else:
-                result = train(spec, rows, out, on_metrics=on_metrics, progress=progress)
+                result = train(cfg, base, rows, out, on_metrics=on_metrics, progress=progress)
         summary.update(
             {
                 "run_id": run_id,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from thresher.stores.lake import Lake
+from thresher.stores.schemas import DropReason
 
 # A round's kept data is its current selection (the latest curate run of the pipeline and
 # round); a candidate two pipelines kept is exported once.
@@ -21,10 +22,10 @@ QUALIFY row_number() OVER (PARTITION BY c.candidate_id ORDER BY s.round) = 1
 ORDER BY s.round, c.prompt_id, c.sample_idx
 """
 
-FAILED_SQL = """
+FAILED_SQL = f"""
 SELECT DISTINCT c.candidate_id, c.prompt_id, c.text, c.sample_idx
 FROM current_selections s JOIN candidates c USING (candidate_id)
-WHERE s.drop_reason = 'failed' AND s.round {op} $round AND ($name IS NULL OR s.pipeline = $name)
+WHERE {DropReason.failed.sql()} AND s.round {{op}} $round AND ($name IS NULL OR s.pipeline = $name)
 ORDER BY c.prompt_id, c.sample_idx
 """
 

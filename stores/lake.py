@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from thresher.ids import content_id  # noqa: F401  (re-exported for stores)
-from thresher.stores.schemas import KEYS, SCHEMAS, TABLES
+from thresher.stores.schemas import KEYS, PASSED_SQL, SCHEMAS, TABLES, DropReason
 from thresher.stores.storage import is_url, local_path, open_storage
 
 DEFAULT_LAKE = "./lake"
@@ -60,28 +60,28 @@ CURRENT_SELECTIONS_SQL = """
         JOIN latest l ON coalesce(s.selection_id, s.run_id) = l.sid AND s.round = l.round"""
 
 # Queries over a selections source (the current selections, or a pipeline's, for reports).
-PROMPT_DIFFICULTY_SQL = """
+PROMPT_DIFFICULTY_SQL = f"""
         SELECT s.round, s.prompt_id, count(*) AS candidates,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate,
-               CASE WHEN bool_and(s.drop_reason IS DISTINCT FROM 'failed') THEN 'all_pass'
-                    WHEN bool_and(s.drop_reason IS NOT DISTINCT FROM 'failed') THEN 'all_fail'
+               count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               avg(({PASSED_SQL})::INT) AS pass_rate,
+               CASE WHEN bool_and({PASSED_SQL}) THEN 'all_pass'
+                    WHEN bool_and(NOT ({PASSED_SQL})) THEN 'all_fail'
                     ELSE 'mixed' END AS kind
-        FROM {selections} s JOIN candidates c USING (candidate_id)
+        FROM {{selections}} s JOIN candidates c USING (candidate_id)
         WHERE NOT coalesce(c.hinted, false)
         GROUP BY s.round, s.prompt_id"""
-ROUND_FUNNEL_SQL = """
+ROUND_FUNNEL_SQL = f"""
         SELECT s.round, count(*) AS sampled,
                count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
-               count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-               count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
-               count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
-               count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
-               count(*) FILTER (WHERE s.drop_reason = 'hint_share') AS hint_share,
+               count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
+               count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
+               count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
+               count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
+               count(*) FILTER (WHERE {DropReason.hint_share.sql()}) AS hint_share,
                count(*) FILTER (WHERE s.kept) AS kept,
                count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
-        FROM {selections} s JOIN candidates c USING (candidate_id)
+        FROM {{selections}} s JOIN candidates c USING (candidate_id)
         GROUP BY s.round ORDER BY s.round"""
 
 # Views built on the base tables: the everyday questions, answered in SQL.
@@ -108,10 +108,10 @@ DERIVED_VIEWS = {
                count(*) AS candidates
         FROM current_selections GROUP BY ALL ORDER BY round, outcome""",
     # passed = the selection rule held (evaluation runs select nothing)
-    "yield_by_round": """
+    "yield_by_round": f"""
         SELECT round, count(DISTINCT prompt_id) AS prompts, count(*) AS candidates,
-               count(*) FILTER (WHERE drop_reason IS DISTINCT FROM 'failed') AS passed,
-               round(avg((drop_reason IS DISTINCT FROM 'failed')::INT), 4) AS pass_rate,
+               count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               round(avg(({PASSED_SQL})::INT), 4) AS pass_rate,
                count(*) FILTER (WHERE kept) AS kept,
                count(DISTINCT prompt_id) FILTER (WHERE kept) AS prompts_with_kept
         FROM current_selections GROUP BY round ORDER BY round""",

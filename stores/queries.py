@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from thresher.stores.lake import Lake
+from thresher.stores.schemas import PASSED_SQL, DropReason
 
 
 def load_prompts(
@@ -63,9 +64,9 @@ def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float
     """Each prompt's pass rate (unhinted candidates) in the latest round before
     `before_round` that pipeline `name` curated (its current selection)."""
     rows = lake.query(
-        """WITH rates AS (
+        f"""WITH rates AS (
                SELECT s.round, s.prompt_id,
-                      avg((s.drop_reason IS DISTINCT FROM 'failed')::INT) AS pass_rate
+                      avg(({PASSED_SQL})::INT) AS pass_rate
                FROM current_selections s JOIN candidates c USING (candidate_id)
                WHERE s.pipeline = ? AND s.round < ? AND NOT coalesce(c.hinted, false)
                GROUP BY s.round, s.prompt_id)
@@ -121,6 +122,67 @@ def candidates_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, di
         con.close()
 
 
+# What selection decides on: each candidate with its prompt, whether the rule holds over
+# the verdicts read, and a score (the ranking verifiers', else the mean).
+SELECTION_INPUTS_SQL = """
+SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
+       coalesce(cand.hinted, false) AS hinted,
+       p.prompt, p.messages,
+       {passed} AS passed,
+       coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
+           AS score
+FROM candidates cand
+JOIN cands USING (candidate_id)
+LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
+LEFT JOIN {verdicts} v ON v.candidate_id = cand.candidate_id
+GROUP BY ALL
+ORDER BY cand.prompt_id, hinted, cand.sample_idx
+"""
+
+
+def selection_inputs(
+    lake: Lake,
+    candidate_ids: list[str],
+    rule: str | None = None,
+    used: dict[str, str] | None = None,
+    ranking: list[str] | None = None,
+) -> list[dict]:
+    """These candidates as selection reads them, ordered by prompt, unhinted first, index."""
+    from thresher.stores.rules import rule_sql
+
+    con = lake.connect()
+    try:
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        sql = SELECTION_INPUTS_SQL.format(
+            passed=rule_sql(rule), verdicts=scoped_verdicts(con, used)
+        )
+        return con.sql(sql, params={"ranking": list(ranking or [])}).pl().to_dicts()
+    finally:
+        con.close()
+
+
+def selected_count(lake: Lake, selection_id: str, candidate_ids: list[str]) -> int:
+    """How many of these candidates selection `selection_id` has decided on already."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        sql = (
+            "SELECT count(*) FROM selections JOIN cands USING (candidate_id) WHERE selection_id = ?"
+        )
+        return con.sql(sql, params=[selection_id]).fetchall()[0][0]
+    finally:
+        con.close()
+
+
+def kept_texts(lake: Lake, selection_id: str):
+    """(candidate_id, text) of what a selection kept, in the order it kept them."""
+    return lake.query(
+        "SELECT c.candidate_id, c.text FROM selections s JOIN candidates c USING (candidate_id) "
+        "WHERE s.selection_id = ? AND s.kept ORDER BY s.created_at, c.prompt_id, c.sample_idx",
+        [selection_id],
+    )
+
+
 def count_verdicts(lake: Lake, candidate_ids: list[str], used: dict[str, str]) -> int:
     """Verdicts these candidates have from the verifiers and options in `used`."""
     con = lake.connect()
@@ -137,17 +199,17 @@ def count_verdicts(lake: Lake, candidate_ids: list[str], used: dict[str, str]) -
 def run_summary(lake: Lake, selection_id: str) -> dict:
     """Prompts, candidates, pass rate and kept counts of one selection (passed = not `failed`)."""
     row = lake.query(
-        """SELECT count(DISTINCT c.prompt_id) AS prompts,
+        f"""SELECT count(DISTINCT c.prompt_id) AS prompts,
                   count(*) AS candidates,
-                  count(*) FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS passed,
-                  coalesce(avg((s.drop_reason IS DISTINCT FROM 'failed')::INT), 0) AS pass_rate,
+                  count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+                  coalesce(avg(({PASSED_SQL})::INT), 0) AS pass_rate,
                   count(DISTINCT c.prompt_id)
-                      FILTER (WHERE s.drop_reason IS DISTINCT FROM 'failed') AS prompts_solved,
+                      FILTER (WHERE {PASSED_SQL}) AS prompts_solved,
                   count(*) FILTER (WHERE s.kept) AS kept,
-                  count(*) FILTER (WHERE s.drop_reason LIKE 'duplicate_of:%') AS duplicates,
-                  count(*) FILTER (WHERE s.drop_reason = 'capped') AS capped,
-                  count(*) FILTER (WHERE s.drop_reason LIKE 'contaminated:%') AS contaminated,
-                  count(*) FILTER (WHERE s.drop_reason = 'too_easy') AS too_easy,
+                  count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
+                  count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
+                  count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
+                  count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                   count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
            FROM selections s JOIN candidates c USING (candidate_id)
            WHERE s.selection_id = ?""",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
@@ -135,3 +137,28 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 
 TABLES = tuple(SCHEMAS)
+
+
+class DropReason(StrEnum):
+    """Why selection dropped a candidate (`selections.drop_reason`; NULL: kept)."""
+
+    failed = "failed"  # the verify rule does not hold
+    too_easy = "too_easy"  # its prompt's pass rate is above max_pass_rate
+    contaminated = "contaminated"  # contaminated:<eval item>
+    duplicate_of = "duplicate_of"  # duplicate_of:<the kept candidate's id>
+    capped = "capped"  # over the per-prompt cap
+    hint_share = "hint_share"  # a hinted candidate over the share of hinted data
+
+    def of(self, detail: str) -> str:
+        """The stored reason with its detail: `contaminated:eval-1`."""
+        return f"{self.value}:{detail}"
+
+    def sql(self) -> str:
+        """A SQL condition on `drop_reason` that holds for this reason."""
+        if self in (DropReason.contaminated, DropReason.duplicate_of):
+            return f"drop_reason LIKE '{self.value}:%'"
+        return f"drop_reason = '{self.value}'"
+
+
+# A candidate passed when the rule held: it was not dropped as `failed`.
+PASSED_SQL = f"drop_reason IS DISTINCT FROM '{DropReason.failed.value}'"

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from thresher.flows.config import BootstrapConfig, RationalizeConfig
-from thresher.stores.difficulty import hinted_prompt, plan_k
+from thresher.config import BootstrapConfig, RationalizeConfig, SelectConfig
+from thresher.samplers.difficulty import hinted_prompt, plan_k
+from thresher.selection.select import decide
 from thresher.stores.export import sft_rows
 from thresher.stores.queries import last_pass_rates, unsolved_prompts
-from thresher.stores.select import SelectSpec, decide
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -67,7 +67,8 @@ def test_hinted_share_caps_hinted_candidates_per_batch():
     # 3 plain kept; a hinted share of 0.5 allows 3 hinted, 0.25 allows 1 (3 * 0.25 / 0.75)
     for share, allowed in ((0.5, 3), (0.25, 1), (None, 4)):
         rows = batch()
-        decide(rows, SelectSpec(cap=4, near_dup=False, policy="first", max_hinted_share=share))
+        settings = SelectConfig(cap=4, near_dup=False, policy="first")
+        decide(rows, settings, max_hinted_share=share)
         kept_hinted = [r for r in rows if r["hinted"] and r["reason"] is None]
         assert len(kept_hinted) == allowed
         over = [r for r in rows if r["reason"] == "hint_share"]

@@ -120,7 +120,8 @@ def test_verify_command_scores_an_external_file(tmp_path):
 
 
 def test_export_command(lake, tmp_path):
-    from thresher.stores.select import select_batch
+    from thresher.config import SelectConfig
+    from thresher.selection.select import select_batch
 
     lake.append(
         "prompts",
@@ -140,7 +141,7 @@ def test_export_command(lake, tmp_path):
         ],
     )
     lake.append("verdicts", [{"candidate_id": "c", "verifier": "exact", "passed": True}])
-    select_batch(lake, "r", 0, ["c"], cap=1)
+    select_batch(lake, "r", 0, ["c"], SelectConfig(cap=1))
     cmd = [
         sys.executable,
         "-m",

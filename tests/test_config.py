@@ -1,6 +1,6 @@
 import pytest
 
-from thresher.flows.config import ConfigError, CurateConfig, load_config
+from thresher.config import ConfigError, CurateConfig, load_config
 from thresher.flows.curate import run_id_for
 
 BASE = {"name": "x", "model": "m", "prompts": {"dataset": "d"}}
@@ -50,7 +50,7 @@ def test_bundled_configs_are_valid():
 
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
     assert len(configs) >= 2
-    from thresher.flows.config import BootstrapConfig, TrainConfig
+    from thresher.config import BootstrapConfig, TrainConfig
 
     kinds = {"train": TrainConfig, "bootstrap": BootstrapConfig}
     for path in configs:

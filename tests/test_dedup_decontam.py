@@ -5,12 +5,11 @@ import random
 
 import numpy as np
 import pytest
-from helpers import candidates_of
+from helpers import select
 
-from thresher.stores.decontam import EvalIndex, file_items
+from thresher.selection.decontam import EvalIndex, file_items
+from thresher.selection.minhash import jaccard, near_duplicates, shingles, signatures
 from thresher.stores.export import ExportError, export_round
-from thresher.stores.minhash import jaccard, near_duplicates, shingles, signatures
-from thresher.stores.select import select_batch
 
 rng = random.Random(0)
 VOCAB = [f"word{i}" for i in range(2000)]
@@ -74,7 +73,7 @@ def test_renamed_and_reworded_collapse_different_solutions_stay(lake):
     other = solution()
     texts = [" ".join(t) for t in (base, renamed, reworded, other)]
     seed_prompt(lake, "p", texts)
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=10)
+    select(lake, ["p"], cap=10)
     rows = dict(lake.query("SELECT candidate_id, drop_reason FROM selections").rows())
     assert rows == {"p-0": None, "p-1": "duplicate_of:p-0", "p-2": "duplicate_of:p-0", "p-3": None}
 
@@ -91,9 +90,7 @@ def test_near_duplicates_only_within_a_prompt_unless_asked():
 def test_cap_holds_for_every_prompt_and_policy(lake, policy, cap):
     for p in range(4):
         seed_prompt(lake, f"p{p}", [" ".join(solution(30 + 5 * i)) for i in range(7)])
-    select_batch(
-        lake, "r", 0, candidates_of(lake, [f"p{p}" for p in range(4)]), cap=cap, policy=policy
-    )
+    select(lake, [f"p{p}" for p in range(4)], cap=cap, policy=policy)
     kept = lake.query(
         "SELECT prompt_id, count(*) FILTER (WHERE kept) AS k FROM selections GROUP BY 1"
     )
@@ -110,10 +107,8 @@ def test_policies_choose_what_they_promise(lake):
             for i, s in enumerate([0.1, 0.2, 0.9, 0.5])
         ],
     )
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=1, policy="shortest", rule="math")
+    select(lake, ["p"], cap=1, policy="shortest", rule="math")
     assert lake.query("SELECT candidate_id FROM selections WHERE kept")["candidate_id"][0] == "p-1"
-    lake2_rows = select_batch.__module__  # keep flake quiet about unused names
-    assert lake2_rows
 
 
 def test_top_score_uses_the_reward(tmp_path):
@@ -128,7 +123,7 @@ def test_top_score_uses_the_reward(tmp_path):
             for i, s in enumerate([0.1, 0.2, 0.9, 0.5])
         ],
     )
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=2, policy="top_score", rule="math")
+    select(lake, ["p"], cap=2, policy="top_score", rule="math")
     kept = lake.query("SELECT candidate_id FROM selections WHERE kept ORDER BY 1")
     assert kept["candidate_id"].to_list() == ["p-2", "p-3"]
 
@@ -151,7 +146,7 @@ def test_hinted_candidates_rank_after_unhinted(lake):
         ],
     )
     lake.append("verdicts", [{"candidate_id": "h", "verifier": "math", "passed": True}])
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=1, policy="shortest")
+    select(lake, ["p"], cap=1, policy="shortest")
     assert lake.query("SELECT candidate_id FROM selections WHERE kept")["candidate_id"][0] == "p-0"
 
 
@@ -178,7 +173,7 @@ def test_diverse_keeps_a_more_diverse_set_than_random(tmp_path):
     def kept_similarity(policy, seed=0):
         lake = Lake(tmp_path / f"{policy}-{seed}")
         seed_prompt(lake, "p", texts)
-        select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=3, policy=policy, seed=seed)
+        select(lake, ["p"], cap=3, policy=policy, seed=seed)
         assert lake.query("SELECT count(*) AS n FROM selections WHERE kept")["n"][0] == 3
         return mean_similarity(lake, sigs)
 
@@ -191,7 +186,7 @@ def test_diverse_keeps_a_more_diverse_set_than_random(tmp_path):
 def test_too_easy_prompts_are_dropped(lake):
     seed_prompt(lake, "easy", ["a b c d e f", "g h i j k l"], passed=[True, True])
     seed_prompt(lake, "hard", ["m n o p q r", "s t u v w x"], passed=[True, False])
-    select_batch(lake, "r", 0, candidates_of(lake, ["easy", "hard"]), cap=4, max_pass_rate=0.75)
+    select(lake, ["easy", "hard"], cap=4, max_pass_rate=0.75)
     rows = dict(lake.query("SELECT candidate_id, drop_reason FROM selections").rows())
     assert rows["easy-0"] == rows["easy-1"] == "too_easy"
     assert rows["hard-0"] is None and rows["hard-1"] == "failed"
@@ -212,11 +207,9 @@ def test_planted_eval_item_is_caught(lake, tmp_path):
     )
     seed_prompt(lake, "short", ["30"], prompt="What is 6 * 5 ?")  # spacing hides nothing
     seed_prompt(lake, "near", ["11"], prompt="What is 6 + 5?")  # a different question
-    select_batch(
+    select(
         lake,
-        "r",
-        0,
-        candidates_of(lake, ["copy", "leak", "short", "near"]),
+        ["copy", "leak", "short", "near"],
         cap=4,
         eval_index=index,
     )
@@ -250,7 +243,7 @@ def test_funnel_adds_up(lake):
             [base, base, " ".join(solution(60)), "wrong", base + " x"],
             passed=[True, True, True, False, True],
         )
-    select_batch(lake, "r", 0, candidates_of(lake, [f"p{p}" for p in range(5)]), cap=1)
+    select(lake, [f"p{p}" for p in range(5)], cap=1)
     funnel = dict(lake.query("SELECT outcome, candidates FROM funnel").rows())
     assert sum(funnel.values()) == lake.count("candidates") == 25
     assert funnel["kept"] == 5 and funnel["failed"] == 5
@@ -263,7 +256,7 @@ def test_exports_load_with_datasets(lake, tmp_path):
     seed_prompt(
         lake, "p", ["right one", "right two", "wrong"], passed=[True, True, False], prompt="Q?"
     )
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=2, near_dup=False)
+    select(lake, ["p"], cap=2, near_dup=False)
     n = export_round(lake, 0, "sft", tmp_path / "sft")
     sft = datasets.load_from_disk(str(tmp_path / "sft"))
     assert n == len(sft) == 2

@@ -6,8 +6,9 @@ import shutil
 
 import pytest
 
+from thresher.config import TrainSettings
 from thresher.trainers.launch import DistributedTrainingError, train_distributed
-from thresher.trainers.sft import TrainSpec, train
+from thresher.trainers.sft import train
 
 # made-up facts: 24 rows, 6 held out for the eval loss, 18 to train on
 ROWS = [
@@ -22,11 +23,10 @@ ROWS = [
 ]
 
 
-def spec(tiny_model, **kw) -> TrainSpec:
+def spec(**kw) -> TrainSettings:
     # batch_size 5 over 2 processes: slices of 3 and 2, and a last micro-batch of 3 (2 + 1);
     # the 6 eval rows make batches of 5 and 1, so one rank scores a stand-in row there
     base = dict(
-        base_model=str(tiny_model),
         learning_rate=3e-3,
         max_steps=6,
         batch_size=5,
@@ -35,21 +35,21 @@ def spec(tiny_model, **kw) -> TrainSpec:
         eval_fraction=0.25,
         eval_every=3,
         save_every=3,
-        lora_r=8,
-        lora_alpha=16,
+        log_every=1,
+        lora={"r": 8, "alpha": 16},
         warmup_ratio=0.0,
     )
-    return TrainSpec(**{**base, **kw})
+    return TrainSettings(**{**base, **kw})
 
 
 def run(tiny_model, out, processes=1, strategy="ddp", **kw):
     metrics = []
-    s = spec(tiny_model, **kw)
+    s, base = spec(**kw), str(tiny_model)
     if processes == 1:
-        result = train(s, ROWS, out, on_metrics=metrics.extend, progress=False)
+        result = train(s, base, ROWS, out, on_metrics=metrics.extend, progress=False)
     else:
         result = train_distributed(
-            s, ROWS, out, processes, strategy, "gloo", on_metrics=metrics.extend, progress=False
+            s, base, ROWS, out, processes, strategy, "gloo", metrics.extend, progress=False
         )
     return result, metrics, out
 
@@ -143,7 +143,7 @@ def test_fsdp_full_training_resumes_and_saves_whole_weights(one_full, tiny_model
 
 def test_a_failed_launch_raises_with_the_end_of_its_log(tiny_model, tmp_path):
     with pytest.raises(DistributedTrainingError) as err:
-        train_distributed(spec(tiny_model), ROWS, tmp_path, 2, "ddp", "nccl", progress=False)
+        train_distributed(spec(), str(tiny_model), ROWS, tmp_path, 2, "ddp", "nccl", progress=False)
     message = str(err.value)
     assert "exited with code" in message and "backend nccl needs CUDA GPUs" in message
     assert (tmp_path / "launch" / "train.log").exists()
@@ -152,7 +152,7 @@ def test_a_failed_launch_raises_with_the_end_of_its_log(tiny_model, tmp_path):
 def test_config_keeps_one_process_by_default_and_a_global_batch():
     from pydantic import ValidationError
 
-    from thresher.flows.config import TrainConfig
+    from thresher.config import TrainConfig
     from thresher.flows.train import train_run_id
 
     cfg = TrainConfig(name="t", base_model="m", batch_size=4)

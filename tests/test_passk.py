@@ -2,7 +2,7 @@ from itertools import combinations
 
 import pytest
 
-from thresher.stores.passk import pass_at_k
+from thresher.evaluators.passk import pass_at_k
 
 
 def brute_force(n, c, k):

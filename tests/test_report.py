@@ -11,9 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from thresher.flows.cli import app
-from thresher.flows.report import PLOTS, write_report
-from thresher.stores.report import (
+from thresher.evaluators.page import PLOTS, write_report
+from thresher.evaluators.report import (
     difficulty_by_round,
     eval_by_round,
     funnel_by_round,
@@ -21,6 +20,7 @@ from thresher.stores.report import (
     round_table,
     tokens_by_round,
 )
+from thresher.flows.cli import app
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 PROMPTS = ("p0", "p1", "p2", "p3")

@@ -1,7 +1,5 @@
 import pytest
-from helpers import candidates_of
-
-from thresher.stores.select import select_batch
+from helpers import select
 
 
 def seed_lake(lake, texts_by_prompt, passed_by_prompt, run_id="r", round_=0):
@@ -43,7 +41,7 @@ def test_failed_duplicates_and_cap(lake):
         },
         {"p1": [True, True, True, True, True, False], "p2": [False, False]},
     )
-    written = select_batch(lake, "r", 0, candidates_of(lake, ["p1", "p2"]), cap=2, policy="first")
+    written = select(lake, ["p1", "p2"], cap=2, policy="first")
     assert written == 8
     rows = {r["candidate_id"]: r for r in lake.query("SELECT * FROM selections").to_dicts()}
     assert rows["p1-0"]["kept"] and rows["p1-2"]["kept"]
@@ -56,14 +54,14 @@ def test_failed_duplicates_and_cap(lake):
     funnel = dict(lake.query("SELECT outcome, candidates FROM funnel").rows())
     assert funnel == {"kept": 2, "duplicate_of": 1, "capped": 2, "failed": 3}
     # selecting again writes nothing new
-    assert select_batch(lake, "r", 0, candidates_of(lake, ["p1", "p2"]), cap=2, policy="first") == 0
+    assert select(lake, ["p1", "p2"], cap=2, policy="first") == 0
 
 
 @pytest.mark.parametrize("cap", [1, 3])
 def test_cap_holds_for_every_prompt(lake, cap):
     texts = {f"p{i}": [f"t{j}" for j in range(5)] for i in range(4)}
     seed_lake(lake, texts, {p: [True] * 5 for p in texts})
-    select_batch(lake, "r", 0, candidates_of(lake, list(texts)), cap=cap)
+    select(lake, list(texts), cap=cap)
     per_prompt = lake.query(
         "SELECT prompt_id, count(*) FILTER (WHERE kept) AS k FROM selections GROUP BY 1"
     )
@@ -72,7 +70,7 @@ def test_cap_holds_for_every_prompt(lake, cap):
 
 def test_cap_must_be_positive(lake):
     with pytest.raises(ValueError, match="cap"):
-        select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=0)
+        select(lake, ["p"], cap=0)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +115,7 @@ def test_rule_combines_verifiers(lake, rule, kept):
             for c, v, p in verdicts
         ],
     )
-    select_batch(lake, "r", 0, candidates_of(lake, ["p"]), cap=5, rule=rule)
+    select(lake, ["p"], cap=5, rule=rule)
     got = lake.query("SELECT candidate_id FROM selections WHERE kept ORDER BY 1")
     assert got["candidate_id"].to_list() == kept
 

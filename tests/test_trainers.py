@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from thresher.config import TrainSettings
 from thresher.trainers.data import IGNORE, build_examples, encode
-from thresher.trainers.sft import TrainSpec, eval_split_size, load_model, train
+from thresher.trainers.sft import eval_split_size, load_model, train
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_truncation_keeps_the_prompt_and_never_empties_the_answer(tokenizer):
 
 
 def test_lora_touches_attention_and_mlp(tiny_model):
-    model, _ = load_model(TrainSpec(base_model=str(tiny_model), lora_r=8, lora_alpha=16))
+    model, _ = load_model(str(tiny_model), TrainSettings(lora={"r": 8, "alpha": 16}))
     wrapped = {
         name.split(".")[-1]
         for name, _ in model.named_modules()
@@ -72,20 +73,20 @@ def test_lora_touches_attention_and_mlp(tiny_model):
 def memorised(tiny_model, tmp_path_factory, made_up_pairs):
     out = tmp_path_factory.mktemp("sft")
     metrics = []
-    spec = TrainSpec(
-        base_model=str(tiny_model),
+    spec = TrainSettings(
         learning_rate=3e-3,
         max_steps=120,
         batch_size=6,
         max_len=64,
         eval_fraction=0.0,
         save_every=1000,
-        lora_r=16,
-        lora_alpha=32,
+        log_every=1,
+        lora={"r": 16, "alpha": 32},
         warmup_ratio=0.0,
     )
     result = train(
         spec,
+        str(tiny_model),
         [chat_row(q, a) for q, a in made_up_pairs],
         out,
         on_metrics=metrics.extend,
@@ -196,18 +197,17 @@ def train_briefly(model, rows, out, eval_fraction) -> tuple:
     import contextlib
     import io
 
-    spec = TrainSpec(
-        base_model=str(model),
+    spec = TrainSettings(
         max_steps=2,
         batch_size=4,
         max_len=64,
         eval_fraction=eval_fraction,
-        lora_r=4,
-        lora_alpha=8,
+        log_every=1,
+        lora={"r": 4, "alpha": 8},
     )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        result = train(spec, rows, out, progress=False)
+        result = train(spec, str(model), rows, out, progress=False)
     return result, err.getvalue()
 
 

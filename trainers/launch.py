@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from thresher.trainers.sft import TrainResult, TrainSpec
+    from thresher.config import TrainSettings
+    from thresher.trainers.sft import TrainResult
 
 TAIL_CHARS = 6000
 
@@ -50,7 +51,8 @@ def torchrun_command(job_dir: Path, processes: int) -> list[str]:
 
 
 def train_distributed(
-    spec: TrainSpec,
+    spec: TrainSettings,
+    base_model: str,
     rows: list[dict[str, Any]],
     out_dir: str | Path,
     processes: int,
@@ -65,7 +67,15 @@ def train_distributed(
     job_dir = out / "launch"
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
-    job = {"spec": asdict(spec), "out": str(out), "strategy": strategy, "backend": backend}
+    from thresher.config import TrainSettings
+
+    job = {  # the settings alone: a TrainConfig's pipeline fields stay with the flow
+        "spec": spec.model_dump(include=set(TrainSettings.model_fields)),
+        "base_model": base_model,
+        "out": str(out),
+        "strategy": strategy,
+        "backend": backend,
+    }
     (job_dir / "job.json").write_text(json.dumps({**job, "progress": progress}, default=str))
     with open(job_dir / "rows.jsonl", "w") as f:
         f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
@@ -159,8 +169,9 @@ def _metrics_writer(path: Path) -> Callable[[list[dict]], None]:
 
 def run_job(job_dir: Path) -> None:
     """One training process's work: join the group, train, rank 0 writes the result."""
+    from thresher.config import TrainSettings
     from thresher.trainers.distributed import close_distributed, init_distributed
-    from thresher.trainers.sft import TrainSpec, train
+    from thresher.trainers.sft import train
 
     job = json.loads((job_dir / "job.json").read_text())
     with open(job_dir / "rows.jsonl") as f:
@@ -168,7 +179,8 @@ def run_job(job_dir: Path) -> None:
     dist = init_distributed(job["strategy"], job["backend"])
     try:
         result = train(
-            TrainSpec(**job["spec"]),
+            TrainSettings(**job["spec"]),
+            job["base_model"],
             rows,
             job["out"],
             on_metrics=_metrics_writer(job_dir / "metrics.jsonl") if dist.main else None,

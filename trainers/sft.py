@@ -22,48 +22,22 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from thresher.config import TrainSettings
 from thresher.trainers.data import IGNORE, build_examples, collate
 from thresher.trainers.distributed import Dist
 
 ONE = Dist()  # a single process
 
 
-@dataclass
-class TrainSpec:
-    """Training settings (see flows.config.TrainConfig for the documented YAML)."""
-
-    base_model: str
-    method: Literal["lora", "full"] = "lora"
-    lora_r: int = 64
-    lora_alpha: int = 128
-    lora_dropout: float = 0.0
-    target_modules: str | list[str] = "all-linear"
-    learning_rate: float | None = None  # None: 2e-4 for LoRA, 2e-5 for full
-    epochs: float = 1.0
-    max_steps: int | None = None
-    batch_size: int = 8
-    grad_accum: int = 1
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    max_len: int = 1024
-    eval_fraction: float = 0.05
-    eval_every: int = 50
-    save_every: int = 50
-    keep_checkpoints: int = 3
-    log_every: int = 1
-    seed: int = 0
-    output: Literal["merged", "adapter", "both"] = "merged"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def lr(self) -> float:
-        if self.learning_rate is not None:
-            return self.learning_rate
-        return 2e-4 if self.method == "lora" else 2e-5
+def learning_rate(settings: TrainSettings) -> float:
+    """The configured learning rate, else 2e-4 for LoRA and 2e-5 for full fine-tuning."""
+    if settings.learning_rate is not None:
+        return settings.learning_rate
+    return 2e-4 if settings.method == "lora" else 2e-5
 
 
 @dataclass
@@ -112,18 +86,18 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_model(spec: TrainSpec, device: str | None = None):
+def load_model(base_model: str, spec: TrainSettings, device: str | None = None):
     """The model to train: base weights, fp32 on CPU, bf16 + gradient checkpointing on GPU,
     wrapped with LoRA when asked; on `device` (default: the GPU when there is one)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cuda = torch.cuda.is_available()
-    tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(
-        spec.base_model, dtype=torch.bfloat16 if cuda else torch.float32
+        base_model, dtype=torch.bfloat16 if cuda else torch.float32
     )
     if cuda:
         model.gradient_checkpointing_enable()
@@ -136,10 +110,10 @@ def load_model(spec: TrainSpec, device: str | None = None):
         if cuda:
             model.enable_input_require_grads()
         config = LoraConfig(
-            r=spec.lora_r,
-            lora_alpha=spec.lora_alpha,
-            lora_dropout=spec.lora_dropout,
-            target_modules=spec.target_modules,
+            r=spec.lora.r,
+            lora_alpha=spec.lora.alpha,
+            lora_dropout=spec.lora.dropout,
+            target_modules=spec.lora.target_modules,
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, config)
@@ -171,14 +145,16 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
 
 
 def train(
-    spec: TrainSpec,
+    spec: TrainSettings,
+    base_model: str,
     rows: list[dict[str, Any]],
     out_dir: str | Path,
     on_metrics: Callable[[list[dict]], None] | None = None,
     progress: bool = True,
     dist: Dist = ONE,
 ) -> TrainResult:
-    """Fine-tune on SFT rows (messages, or prompt + completion); resumes from out_dir.
+    """Fine-tune `base_model` on SFT rows (messages, or prompt + completion) as `spec`
+    says; resumes from out_dir.
 
     Under torchrun, `dist` is this process's place (trainers.distributed.init_distributed):
     only rank 0 reports metrics, shows progress and writes files."""
@@ -190,7 +166,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
-    model, tokenizer = load_model(spec, dist.load_device)
+    model, tokenizer = load_model(base_model, spec, dist.load_device)
 
     examples, report = build_examples(rows, tokenizer, spec.max_len)
     if report.skipped and dist.main:
@@ -215,7 +191,7 @@ def train(
     model = dist.wrap(model)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    opt = torch.optim.AdamW(params, lr=learning_rate(spec), weight_decay=spec.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, int(total * spec.warmup_ratio), total)
 
     step, resumed_from = 0, 0
@@ -279,7 +255,7 @@ def train(
                 break
     bar.close()
     elapsed = time.perf_counter() - start
-    model_dir, adapter_dir = _export(model, tokenizer, out, spec, dist)
+    model_dir, adapter_dir = _export(model, tokenizer, out, spec, base_model, dist)
     result = TrainResult(
         steps=step,
         final_loss=last_loss,
@@ -296,13 +272,15 @@ def train(
         fallback_examples=report.fallback_examples,
     )
     if dist.main:
-        _write_lineage(out, spec, result, dist)
+        _write_lineage(out, spec, base_model, result, dist)
     return result
 
 
-def _write_lineage(out: Path, spec: TrainSpec, result: TrainResult, dist: Dist) -> None:
+def _write_lineage(
+    out: Path, spec: TrainSettings, base_model: str, result: TrainResult, dist: Dist
+) -> None:
     lineage = {
-        "spec": asdict(spec),
+        "spec": {"base_model": base_model, **spec.model_dump()},
         "result": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
     }
     if dist.world > 1:
@@ -350,7 +328,7 @@ def evaluate(model, eval_set: list[dict], pad: int, batch_size: int, dist: Dist 
     return total / max(count, 1)
 
 
-def _trainable_state(model, spec: TrainSpec, dist: Dist = ONE) -> dict:
+def _trainable_state(model, spec: TrainSettings, dist: Dist = ONE) -> dict:
     """What a checkpoint keeps: the LoRA weights, or every weight (unsharded, on rank 0)."""
     model = dist.unwrap(model)
     if dist.fsdp:
@@ -362,7 +340,7 @@ def _trainable_state(model, spec: TrainSpec, dist: Dist = ONE) -> dict:
     return model.state_dict()
 
 
-def _gathered_state(model, spec: TrainSpec, dist: Dist) -> dict:
+def _gathered_state(model, spec: TrainSettings, dist: Dist) -> dict:
     """_trainable_state of an FSDP-sharded model: gathered, complete on rank 0 only."""
     lora = spec.method == "lora"
     names = {n for n, p in model.named_parameters() if p.requires_grad} if lora else None
@@ -375,7 +353,7 @@ def _gathered_state(model, spec: TrainSpec, dist: Dist) -> dict:
 
 
 def _save_checkpoint(
-    out: Path, step: int, model, opt, sched, spec: TrainSpec, dist: Dist = ONE
+    out: Path, step: int, model, opt, sched, spec: TrainSettings, dist: Dist = ONE
 ) -> None:
     """Every process gathers its part; rank 0 writes the folder whole, then renames it."""
     weights = _trainable_state(model, spec, dist)
@@ -409,7 +387,7 @@ def _read_weights(path: Path) -> dict:
     return torch.load(path / "weights.pt", map_location="cpu")
 
 
-def _load_weights(weights: dict, model, spec: TrainSpec) -> None:
+def _load_weights(weights: dict, model, spec: TrainSettings) -> None:
     """Put a checkpoint's (unsharded) weights into an unwrapped model."""
     if spec.method == "lora":
         from peft import set_peft_model_state_dict
@@ -429,7 +407,7 @@ def _load_training_state(path: Path, opt, sched, dist: Dist = ONE) -> int:
     return json.loads((path / "state.json").read_text())["step"]
 
 
-def _export_paths(out: Path, spec: TrainSpec) -> tuple[Path | None, Path | None]:
+def _export_paths(out: Path, spec: TrainSettings) -> tuple[Path | None, Path | None]:
     """(merged model folder, adapter folder) the spec's output writes, None when not."""
     adapter = spec.method == "lora" and spec.output in ("adapter", "both")
     merged = spec.output in ("merged", "both") or spec.method == "full"
@@ -437,7 +415,7 @@ def _export_paths(out: Path, spec: TrainSpec) -> tuple[Path | None, Path | None]
 
 
 def _export(
-    model, tokenizer, out: Path, spec: TrainSpec, dist: Dist = ONE
+    model, tokenizer, out: Path, spec: TrainSettings, base_model: str, dist: Dist = ONE
 ) -> tuple[Path | None, Path | None]:
     """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints.
 
@@ -445,7 +423,7 @@ def _export(
     if dist.fsdp:
         state = _trainable_state(model, spec, dist)
         if dist.main:
-            model, _ = load_model(spec, "cpu")
+            model, _ = load_model(base_model, spec, "cpu")
             _load_weights(state, model, spec)
     if dist.main:
         _write_export(dist.unwrap(model), tokenizer, out, spec)
@@ -453,7 +431,7 @@ def _export(
     return _export_paths(out, spec)
 
 
-def _write_export(model, tokenizer, out: Path, spec: TrainSpec) -> None:
+def _write_export(model, tokenizer, out: Path, spec: TrainSettings) -> None:
     import torch
 
     model_dir, adapter_dir = _export_paths(out, spec)

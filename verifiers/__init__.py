@@ -56,6 +56,16 @@ def get_verifier(name: str, options: dict[str, Any] | None = None) -> Verifier:
         raise ValueError(f"bad options for verifier {name!r}: {e}") from None
 
 
+def runner_for(cfg: Any):
+    """Where verification runs, chosen once from a config's `executor`: a function from
+    (verifier name, options, rows) to verdicts, here or in chunks on its Ray cluster."""
+    if getattr(cfg, "executor", "local") == "ray":
+        from thresher.verifiers.cluster import verify_on_cluster
+
+        return lambda name, options, rows: verify_on_cluster(cfg.ray, name, options, rows)
+    return lambda name, options, rows: get_verifier(name, options).run(rows)
+
+
 def verify(
     batch: pl.DataFrame, names: list[str], options: dict[str, dict[str, Any]] | None = None
 ) -> pl.DataFrame:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from thresher.config import CurateConfig, EvalConfig, TrainConfig
 from thresher.flows.cli import reuse_line
-from thresher.flows.config import CurateConfig, EvalConfig, TrainConfig
 from thresher.flows.curate import run_curate, selection_id_for
 from thresher.flows.evaluate import run_eval
 from thresher.flows.train import run_train

@@ -5,7 +5,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from thresher.flows.config import CurateConfig
+from thresher.config import CurateConfig
 from thresher.flows.curate import NothingToCurate, run_curate
 from thresher.stores.ingest import ingest
 from thresher.stores.lake import Lake

@@ -149,7 +149,7 @@ def test_runs_are_named_and_publish_their_funnel(tiny_model, tmp_path, prefect_s
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from thresher.flows.config import CurateConfig
+    from thresher.config import CurateConfig
     from thresher.flows.curate import run_curate
 
     lake = Lake(tmp_path / "lake")

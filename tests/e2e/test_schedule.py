@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from thresher.flows.config import (
+from thresher.config import (
     BootstrapConfig,
     CurateConfig,
     EvalConfig,

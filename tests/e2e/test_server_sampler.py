@@ -160,7 +160,7 @@ def test_server_errors_are_retried_with_backoff():
 
 
 def test_curate_flow_samples_from_the_server(server, tmp_path):
-    from thresher.flows.config import CurateConfig
+    from thresher.config import CurateConfig
     from thresher.flows.curate import run_curate
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
@@ -205,7 +205,7 @@ class Refusing(http.server.BaseHTTPRequestHandler):
 
 def test_a_refusal_is_tried_once_by_the_sampler_and_the_flow(tmp_path):
     """A 4xx fails at once: the sampler does not retry it, nor does the flow's task."""
-    from thresher.flows.config import CurateConfig
+    from thresher.config import CurateConfig
     from thresher.flows.curate import run_curate
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake

@@ -48,7 +48,7 @@ class EvalIndex:
             for key in ngram_keys(text, self.n):
                 self.grams.setdefault(key, item_id)
         if self.minhash_threshold is not None and items:
-            from thresher.stores.minhash import signatures
+            from thresher.selection.minhash import signatures
 
             sigs = signatures([t for _, t in items], shingle_size=min(self.n, 5), lowercase=True)
             self.sigs = sigs if self.sigs is None else np.vstack([self.sigs, sigs])
@@ -69,7 +69,7 @@ class EvalIndex:
                     break
             out.append(hit)
         if self.sigs is not None and any(h is None for h in out):
-            from thresher.stores.minhash import signatures
+            from thresher.selection.minhash import signatures
 
             todo = [i for i, h in enumerate(out) if h is None]
             sigs = signatures([texts[i] for i in todo], shingle_size=min(self.n, 5), lowercase=True)

@@ -5,61 +5,21 @@ For each candidate of a batch, in this order: `failed` (the rule does not hold),
 (its prompt or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised
 text, or a MinHash near-duplicate, of a candidate kept before it), `capped` (over the
 per-prompt cap under the chosen policy), `hint_share` (a hinted candidate over the
-batch's share of hinted data); otherwise kept. One `selections` row each.
+batch's share of hinted data); otherwise kept. One `selections` row each, written
+through the store; the decisions themselves read nothing but the rows they are given.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from thresher.stores.lake import Lake, now
-from thresher.stores.rules import rule_sql
-
-Policy = Literal["diverse", "shortest", "top_score", "random", "first"]
-
-OUTCOMES_SQL = """
-SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
-       coalesce(cand.hinted, false) AS hinted,
-       p.prompt, p.messages,
-       {passed} AS passed,
-       coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
-           AS score
-FROM candidates cand
-JOIN cands USING (candidate_id)
-LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
-LEFT JOIN {verdicts} v ON v.candidate_id = cand.candidate_id
-GROUP BY ALL
-ORDER BY cand.prompt_id, hinted, cand.sample_idx
-"""
-
-
-@dataclass
-class SelectSpec:
-    """How a round's candidates are selected (see flows.config.SelectConfig)."""
-
-    cap: int = 4
-    rule: str | None = None
-    policy: Policy = "diverse"
-    seed: int = 0
-    lowercase: bool = False
-    near_dup: bool = True
-    threshold: float = 0.8
-    num_perm: int = 128
-    shingle_size: int = 5
-    across_prompts: bool = False
-    max_pass_rate: float | None = None
-    max_hinted_share: float | None = None  # most hinted candidates among those kept
-    eval_index: object | None = field(default=None, repr=False)  # decontam.EvalIndex
-
-    def __post_init__(self):
-        if self.cap < 1:
-            raise ValueError(f"cap must be at least 1, got {self.cap}")
+from thresher.config import SelectConfig
+from thresher.stores.lake import Lake
+from thresher.stores.schemas import DropReason
 
 
 def normalised_hash(text: str, lowercase: bool) -> str:
@@ -86,16 +46,24 @@ def farthest_first(sigs: np.ndarray, k: int) -> list[int]:
     return chosen
 
 
-def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None = None) -> None:
+def decide(
+    rows: list[dict],
+    spec: SelectConfig,
+    kept_before: list[tuple] | None = None,
+    eval_index: Any = None,
+    max_hinted_share: float | None = None,
+) -> None:
     """Set `reason` (None = kept) on each row dict of one batch, in place.
 
     Rows must be ordered by prompt, then unhinted before hinted, then sample index.
     `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
-    for near-duplicate checks across prompts.
+    for near-duplicate checks across prompts; `eval_index` (a decontam.EvalIndex) finds
+    overlaps with evaluation items; `max_hinted_share` caps the hinted share of what is
+    kept.
     """
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
-        r["reason"] = None if r["passed"] else "failed"
+        r["reason"] = None if r["passed"] else DropReason.failed.value
         by_prompt.setdefault(r["prompt_id"], []).append(r)
 
     if spec.max_pass_rate is not None:
@@ -104,34 +72,32 @@ def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None =
             rate = sum(r["passed"] for r in plain) / len(plain)
             if rate > spec.max_pass_rate:
                 for r in group:
-                    r["reason"] = r["reason"] or "too_easy"
+                    r["reason"] = r["reason"] or DropReason.too_easy.value
 
-    if spec.eval_index is not None:
+    if eval_index is not None:
         alive = [r for r in rows if r["reason"] is None]
         prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in alive}
         pids = list(prompt_text)
-        prompt_hits = dict(
-            zip(pids, spec.eval_index.match([prompt_text[p] for p in pids]), strict=True)
-        )
-        text_hits = spec.eval_index.match([r["text"] for r in alive])
+        prompt_hits = dict(zip(pids, eval_index.match([prompt_text[p] for p in pids]), strict=True))
+        text_hits = eval_index.match([r["text"] for r in alive])
         for r, hit in zip(alive, text_hits, strict=True):
             hit = prompt_hits[r["prompt_id"]] or hit
             if hit is not None:
-                r["reason"] = f"contaminated:{hit}"
+                r["reason"] = DropReason.contaminated.of(hit)
 
     seen: dict[tuple, str] = {}
     for r in rows:
         if r["reason"] is None:
             key = (r["prompt_id"], normalised_hash(r["text"], spec.lowercase))
             if key in seen:
-                r["reason"] = f"duplicate_of:{seen[key]}"
+                r["reason"] = DropReason.duplicate_of.of(seen[key])
             else:
                 seen[key] = r["candidate_id"]
 
     alive = [r for r in rows if r["reason"] is None]
     need_sigs = spec.near_dup or spec.policy == "diverse"
     if need_sigs and alive:
-        from thresher.stores.minhash import near_duplicates, signatures
+        from thresher.selection.minhash import near_duplicates, signatures
 
         sigs = signatures(
             [r["text"] for r in alive], spec.num_perm, spec.shingle_size, lowercase=spec.lowercase
@@ -147,25 +113,25 @@ def decide(rows: list[dict], spec: SelectSpec, kept_before: list[tuple] | None =
             offset = len(before or [])
             for i, r in enumerate(alive):
                 if dups[offset + i] is not None:
-                    r["reason"] = f"duplicate_of:{ids[dups[offset + i]]}"
+                    r["reason"] = DropReason.duplicate_of.of(ids[dups[offset + i]])
 
     for group in by_prompt.values():
         alive = [r for r in group if r["reason"] is None]
         if len(alive) <= spec.cap:
             continue
         for r in _rank(alive, spec)[spec.cap :]:
-            r["reason"] = "capped"
+            r["reason"] = DropReason.capped.value
 
-    if spec.max_hinted_share is not None and spec.max_hinted_share < 1:
+    if max_hinted_share is not None and max_hinted_share < 1:
         kept = [r for r in rows if r["reason"] is None]
         hinted = [r for r in kept if r["hinted"]]
-        share = spec.max_hinted_share
+        share = max_hinted_share
         allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
         for r in hinted[allowed:]:
-            r["reason"] = "hint_share"
+            r["reason"] = DropReason.hint_share.value
 
 
-def _rank(alive: list[dict], spec: SelectSpec) -> list[dict]:
+def _rank(alive: list[dict], spec: SelectConfig) -> list[dict]:
     """The prompt's surviving candidates, best first, unhinted before hinted."""
     out = []
     for hinted in (False, True):
@@ -190,12 +156,13 @@ def select_batch(
     selection_id: str,
     round_: int,
     candidate_ids: list[str],
-    cap: int = 4,
+    settings: SelectConfig,
     rule: str | None = None,
     used: dict[str, str] | None = None,
     ranking: list[str] | None = None,
     run_id: str | None = None,
-    **options,
+    eval_index: Any = None,
+    max_hinted_share: float | None = None,
 ) -> int:
     """Write selection `selection_id` of these candidates; returns rows written (0 when
     this selection of them is in the lake already).
@@ -203,55 +170,26 @@ def select_batch(
     `rule` (e.g. "math and format") says which verdicts make a candidate pass; by
     default every verifier that scored it must have passed it. `used` (verifier ->
     options digest) limits the verdicts read to those settings; the scores of the
-    `ranking` verifiers rank candidates for `top_score`. Other options are the fields
-    of SelectSpec (policy, near_dup, threshold, eval_index, ...).
+    `ranking` verifiers rank candidates for `top_score`.
     """
-    from thresher.stores.queries import scoped_verdicts
+    from thresher.stores.queries import selected_count, selection_inputs
+    from thresher.stores.tables import write_selections
 
-    spec = SelectSpec(cap=cap, rule=rule, **options)
-    con = lake.connect()
-    try:
-        con.register("cands", pa.table({"candidate_id": pa.array(candidate_ids, pa.string())}))
-        sql = OUTCOMES_SQL.format(passed=rule_sql(rule), verdicts=scoped_verdicts(con, used))
-        rows = con.sql(sql, params={"ranking": list(ranking or [])}).pl().to_dicts()
-        done = con.sql(
-            "SELECT count(*) FROM selections JOIN cands USING (candidate_id) "
-            "WHERE selection_id = ?",
-            params=[selection_id],
-        ).fetchall()[0][0]
-    finally:
-        con.close()
-    if rows and done >= len(rows):
+    rows = selection_inputs(lake, candidate_ids, rule, used, ranking)
+    if rows and selected_count(lake, selection_id, candidate_ids) >= len(rows):
         return 0  # this batch was selected already
-    kept_before = _kept_signatures(lake, selection_id, spec) if spec.across_prompts else None
-    decide(rows, spec, kept_before)
-    stamp = now()
-    return lake.append(
-        "selections",
-        [
-            {
-                "selection_id": selection_id,
-                "round": round_,
-                "candidate_id": r["candidate_id"],
-                "prompt_id": r["prompt_id"],
-                "kept": r["reason"] is None,
-                "drop_reason": r["reason"],
-                "run_id": run_id,
-                "created_at": stamp,
-            }
-            for r in rows
-        ],
+    kept_before = (
+        _kept_signatures(lake, selection_id, settings) if settings.across_prompts else None
     )
+    decide(rows, settings, kept_before, eval_index, max_hinted_share)
+    return write_selections(lake, selection_id, round_, rows, run_id)
 
 
-def _kept_signatures(lake: Lake, selection_id: str, spec: SelectSpec) -> list[tuple]:
-    from thresher.stores.minhash import signatures
+def _kept_signatures(lake: Lake, selection_id: str, spec: SelectConfig) -> list[tuple]:
+    from thresher.selection.minhash import signatures
+    from thresher.stores.queries import kept_texts
 
-    kept = lake.query(
-        "SELECT c.candidate_id, c.text FROM selections s JOIN candidates c USING (candidate_id) "
-        "WHERE s.selection_id = ? AND s.kept ORDER BY s.created_at, c.prompt_id, c.sample_idx",
-        [selection_id],
-    )
+    kept = kept_texts(lake, selection_id)
     if kept.height == 0:
         return []
     sigs = signatures(

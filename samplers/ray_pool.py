@@ -1,10 +1,7 @@
-"""`executor: ray`: the sampling and verification stages on a Ray cluster.
+"""A pool of long-lived vLLM engines on a Ray cluster, one actor per GPU (`executor: ray`).
 
-Prefect stays the orchestrator: the curate flow's tasks are the same, and inside them
-sampling goes to a pool of long-lived vLLM engines (one Ray actor per GPU) and
-verification is split into chunks run as Ray tasks on the cluster's CPUs. The flow
-process writes every result to the lake by batch, as with the local executor, so ids,
-idempotence and resume do not depend on where the work ran.
+Each `sample` call runs on the next idle engine; the caller keeps one batch per engine in
+flight (plus one queued), so the engines keep sampling while it handles finished batches.
 """
 
 from __future__ import annotations
@@ -15,34 +12,11 @@ import sys
 import threading
 from typing import Any
 
-from thresher.flows.config import RayConfig
+from thresher.cluster import cluster_gpus, connect
+from thresher.config import RayConfig
 
 _POOL: dict[str, Any] = {"key": None, "pool": None}
 _POOL_LOCK = threading.Lock()
-_REMOTE: dict[str, Any] = {}
-
-
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` once (None: $RAY_ADDRESS, else the cluster last
-    started on this machine, else a new local instance: Ray's own rules)."""
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError(
-            "executor: ray needs Ray on this machine: pip install 'thresher[ray]'"
-        ) from None
-    if ray.is_initialized():
-        return
-    print(f"connecting to Ray at {address or 'auto'} ...", file=sys.stderr, flush=True)
-    ray.init(address=address, namespace="thresher", logging_level="WARNING")
-
-
-def cluster_gpus(address: str | None) -> float:
-    """GPUs the cluster has in all."""
-    import ray
-
-    connect(address)
-    return float(ray.cluster_resources().get("GPU", 0))
 
 
 def engine_count(ray_cfg: RayConfig) -> int:
@@ -141,33 +115,3 @@ def shutdown_pool() -> None:
     _POOL.update(key=None, pool=None)
     if pool is not None:
         pool.shutdown()
-
-
-def _verify_chunk(name: str, options: dict[str, Any] | None, rows):
-    from thresher.verifiers import get_verifier
-
-    return get_verifier(name, options).run(rows)
-
-
-def verify_on_cluster(ray_cfg: RayConfig, name: str, options: dict[str, Any] | None, rows):
-    """Verdicts of verifier `name` for `rows`, computed in chunks on the cluster's CPUs."""
-    import polars as pl
-    import ray
-
-    connect(ray_cfg.address)
-    if "verify" not in _REMOTE:  # exported to the cluster once per process
-        _REMOTE["verify"] = ray.remote(num_cpus=1)(_verify_chunk)
-    task = _REMOTE["verify"]
-    step = ray_cfg.verify_chunk
-    refs = [task.remote(name, options, rows.slice(i, step)) for i in range(0, rows.height, step)]
-    return pl.concat(ray.get(refs), how="diagonal_relaxed")
-
-
-def is_cluster_failure(error: BaseException) -> bool:
-    """A lost actor or node: worth retrying the batch (Ray restarts the engine)."""
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return False
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError
-
-    return isinstance(error, ActorDiedError | ActorUnavailableError | NodeDiedError)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from thresher.stores.lake import Lake
-from thresher.stores.report import (
+from thresher.evaluators.report import (
     difficulty_by_round,
     eval_by_round,
     funnel_by_round,
@@ -20,6 +19,7 @@ from thresher.stores.report import (
     round_table,
     tokens_by_round,
 )
+from thresher.stores.lake import Lake
 
 # The plots a report may write, in page order.
 PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png")

@@ -1,4 +1,8 @@
-"""Pipeline configs: one YAML file per pipeline, checked by pydantic."""
+"""Pipeline configs: one YAML file per pipeline, checked by pydantic.
+
+The work packages take these models directly (a trainer takes `TrainSettings`, selection
+`SelectConfig`, a sampler the sampling, engine, server and ray sections); flows build them
+from YAML and pass them on."""
 
 from __future__ import annotations
 
@@ -11,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class StageConfig(_Strict):
+    """The fields every stage's config has."""
+
+    name: str = Field(
+        description="the pipeline's name: runs, reports and models are filed under it"
+    )
+    lake: str | None = Field(None, description="lake folder or URL (else --lake / THRESHER_LAKE)")
 
 
 class PromptsConfig(_Strict):
@@ -89,6 +102,16 @@ class RayConfig(_Strict):
 
 Executor = Literal["local", "ray"]
 EXECUTOR_HELP = "local: one engine in this process; ray: engines and verifiers on a Ray cluster"
+
+
+class EngineStage(StageConfig):
+    """The fields of the stages that sample with an engine (curate, evaluate, bootstrap)."""
+
+    batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    executor: Executor = Field("local", description=EXECUTOR_HELP)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
 
 class VerifyConfig(_Strict):
@@ -213,24 +236,17 @@ class RationalizeConfig(_Strict):
         return self
 
 
-class CurateConfig(_Strict):
+class CurateConfig(EngineStage):
     """A curate pipeline: sample, verify and select one round."""
 
-    name: str
     model: str = Field(description="a local model folder vLLM can load (or the server's name)")
     lora: str | None = Field(None, description="a LoRA adapter folder applied to `model`")
     round: int = Field(0, ge=0)
-    lake: str | None = Field(None, description="lake folder (else --lake / THRESHER_LAKE)")
-    batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
     timeout_s: float | None = Field(
         None, gt=0, description="most seconds one batch's sampling may take (then retried)"
     )
     prompts: PromptsConfig
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
     server: ServerConfig | None = None
-    executor: Executor = Field("local", description=EXECUTOR_HELP)
-    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
@@ -324,13 +340,11 @@ class TrainSettings(_Strict):
         return self
 
 
-class TrainConfig(TrainSettings):
+class TrainConfig(TrainSettings, StageConfig):
     """A training run: SFT of `base_model` on selected data, loss on answer tokens only."""
 
-    name: str
     base_model: str = Field(description="local model folder")
     round: int = Field(0, ge=0, description="the round whose data trains model round+1")
-    lake: str | None = None
     data: TrainDataConfig = Field(default_factory=TrainDataConfig)
     out: str | None = Field(
         None,
@@ -339,22 +353,16 @@ class TrainConfig(TrainSettings):
     )
 
 
-class EvalConfig(_Strict):
+class EvalConfig(EngineStage):
     """Held-out evaluation: n samples per prompt, verified, summarised as pass@k."""
 
     name: str = "eval"
     model: str
     lora: str | None = None
     round: int = Field(0, ge=0, description="the round this model belongs to")
-    lake: str | None = None
-    batch_size: int = Field(256, ge=1)
     prompts: PromptsConfig
     n: int = Field(8, ge=1, description="samples per prompt")
     ks: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    executor: Executor = Field("local", description=EXECUTOR_HELP)
-    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=lambda: VerifyConfig(verifiers=["math"]))
 
     @model_validator(mode="after")
@@ -409,14 +417,11 @@ class BootstrapEvalConfig(_Strict):
         return self
 
 
-class BootstrapConfig(_Strict):
+class BootstrapConfig(EngineStage):
     """Self-bootstrap rounds (STaR / RFT): round r samples the training prompts with
     model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
 
-    name: str
     base_model: str = Field(description="local model folder: model 0")
-    lake: str | None = None
-    batch_size: int = Field(256, ge=1, description="prompts per sampling batch (one task)")
     timeout_s: float | None = Field(
         None, gt=0, description="most seconds one batch's sampling may take (then retried)"
     )
@@ -428,10 +433,6 @@ class BootstrapConfig(_Strict):
         2, ge=1, description="stop after this many rounds in a row without min_gain"
     )
     prompts: PromptsConfig
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    executor: Executor = Field("local", description=EXECUTOR_HELP)
-    ray: RayConfig = Field(default_factory=RayConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)

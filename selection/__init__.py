@@ -1,0 +1,1 @@
+"""Selection: which verified candidates become training data (dedup, cap, decontamination)."""

@@ -1,0 +1,71 @@
+"""The one place each stage table is written from (prompts and rejects: `ingest`; runs: `runs`).
+
+Every writer takes plain rows or a frame from the stage that made them and adds the
+columns that say which run wrote them and when; the lake skips rows whose key is there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thresher.stores.lake import Lake, now
+
+
+def write_candidates(lake: Lake, rows: list[dict[str, Any]]) -> int:
+    """Append sampled candidates (rows as samplers.candidate_rows makes them)."""
+    return lake.append("candidates", rows)
+
+
+def write_verdicts(lake: Lake, verdicts, options_digest: str, run_id: str) -> int:
+    """Append one verifier's verdicts (a verifier's output frame) under its options digest."""
+    import polars as pl
+
+    return lake.append(
+        "verdicts",
+        verdicts.with_columns(
+            pl.lit(options_digest).alias("options_digest"),
+            pl.lit(run_id).alias("run_id"),
+            pl.lit(now()).alias("created_at"),
+        ),
+    )
+
+
+def write_selections(
+    lake: Lake, selection_id: str, round_: int, rows: list[dict], run_id: str | None
+) -> int:
+    """Append one selection's decisions: each row's candidate, prompt and drop `reason`
+    (None: kept)."""
+    stamp = now()
+    return lake.append(
+        "selections",
+        [
+            {
+                "selection_id": selection_id,
+                "round": round_,
+                "candidate_id": r["candidate_id"],
+                "prompt_id": r["prompt_id"],
+                "kept": r["reason"] is None,
+                "drop_reason": r["reason"],
+                "run_id": run_id,
+                "created_at": stamp,
+            }
+            for r in rows
+        ],
+    )
+
+
+def write_evals(lake: Lake, metrics: list[dict], run_id: str, **columns: Any) -> int:
+    """Append an evaluation's metrics (task, metric, value, prompts), with the `columns`
+    every row shares (round, model, split, samples)."""
+    stamp = now()
+    return lake.append(
+        "evals", [{**columns, **m, "run_id": run_id, "created_at": stamp} for m in metrics]
+    )
+
+
+def write_train_metrics(lake: Lake, run_id: str, rows: list[dict]) -> int:
+    """Append a training run's per-step metrics."""
+    stamp = now()
+    return lake.append(
+        "train_metrics", [{**r, "run_id": run_id, "created_at": stamp} for r in rows]
+    )
