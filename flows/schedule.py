@@ -130,7 +130,7 @@ def flow_object(kind: str):
 
 
 def config_model(kind: str):
-    from thresher.flows import config
+    from thresher import config
 
     return getattr(config, FLOWS[kind][2])
 
