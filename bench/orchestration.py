@@ -54,17 +54,15 @@ def main() -> None:
     from thresher.flows.curate import (
         batched,
         curate_flow,
-        plain_ids,
         prompt_rows,
         quiet_task_logs,
-        run_id_for,
         sample_batch,
         sampling_plan,
         select_batch,
-        selection_id_for,
         stop_engine,
         verify_batch,
     )
+    from thresher.flows.identities import plain_ids, run_id_for, selection_id_for
     from thresher.flows.runtime import flow_settings
     from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest

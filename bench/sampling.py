@@ -45,7 +45,8 @@ def main() -> None:
     from vllm import SamplingParams
 
     from thresher.config import CurateConfig
-    from thresher.flows.curate import run_id_for, sample_batch
+    from thresher.flows.curate import sample_batch
+    from thresher.flows.identities import run_id_for
     from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake

@@ -15,28 +15,8 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import BootstrapConfig
-from thresher.ids import content_id
+from thresher.flows.identities import bootstrap_run_id
 from thresher.stores.lake import Lake
-
-
-def bootstrap_run_id(cfg: BootstrapConfig) -> str:
-    """The stop rules are not part of the run: raising max_rounds continues it."""
-    return content_id(
-        "bootstrap",
-        cfg.model_dump(
-            exclude={
-                "lake",
-                "batch_size",
-                "timeout_s",
-                "engine",
-                "executor",
-                "ray",
-                "max_rounds",
-                "min_gain",
-                "patience",
-            }
-        ),
-    )
 
 
 def model_path(lake: Lake, cfg: BootstrapConfig, round_: int) -> str:

@@ -14,6 +14,15 @@ from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
 from thresher.config import CurateConfig
+from thresher.flows.identities import (
+    OPERATIONAL,
+    hinted_ids,
+    plain_ids,
+    run_id_for,
+    sampling_params,
+    selection_id_for,
+    verifier_digests,
+)
 from thresher.ids import content_id
 from thresher.samplers import candidate_rows
 from thresher.stores.lake import Lake
@@ -52,68 +61,6 @@ RETRY = dict(
     retry_jitter_factor=0.5,
     retry_condition_fn=transient,
 )
-
-
-def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
-    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
-    return cfg.sampling.model_dump(exclude={"k"})
-
-
-# Where and how fast the work runs, not what it produces.
-OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}
-
-
-def run_id_for(cfg: CurateConfig) -> str:
-    """Same pipeline settings, same run: re-running resumes it."""
-    return content_id("curate", cfg.model_dump(exclude=OPERATIONAL))
-
-
-def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
-    """verifier -> the digest of its version and options: which verdicts the run reads."""
-    from thresher.verifiers import options_digest
-
-    v = cfg.verify
-    return {name: options_digest(name, v.options.get(name)) for name in v.all_names()}
-
-
-def selection_id_for(cfg: CurateConfig) -> str:
-    """Everything a selection depends on: its candidates (prompts, model, round, sampling,
-    difficulty, rationalization), the verdicts it reads and the select settings."""
-    v = cfg.verify
-    return content_id(
-        "selection",
-        cfg.name,
-        cfg.model_id,
-        cfg.round,
-        cfg.prompts.model_dump(),
-        cfg.sampling.model_dump(),
-        cfg.difficulty.model_dump(),
-        cfg.rationalize.model_dump(),
-        cfg.select.model_dump(),
-        {"verifiers": v.verifiers, "by_task": v.by_task, "rule": v.rule},
-        verifier_digests(cfg),
-    )
-
-
-def plain_ids(cfg: CurateConfig, prompt_ids: list[str], ks: dict[str, int]) -> list[str]:
-    """The unhinted candidate ids of these prompts: indices 0..k-1 of each."""
-    from thresher.samplers import expected_ids
-
-    params = sampling_params(cfg)
-    return [
-        c for p in prompt_ids for c in expected_ids([p], cfg.model_id, cfg.round, ks[p], params)
-    ]
-
-
-def hinted_ids(cfg: CurateConfig, prompt_ids: list[str]) -> list[str]:
-    """Every id a rationalization of these prompts could produce (most do not exist)."""
-    from thresher.samplers import expected_ids
-
-    r = cfg.rationalize
-    if not r.enabled:
-        return []
-    params = {**sampling_params(cfg), "hint": r.hint}
-    return expected_ids(prompt_ids, cfg.model_id, cfg.round, r.k, params)
 
 
 @task(name="sample", cache_policy=NO_CACHE, **RETRY)

@@ -8,29 +8,8 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import EvalConfig
-from thresher.ids import content_id
+from thresher.flows.identities import eval_run_id, plain_ids, verifier_digests
 from thresher.stores.lake import Lake
-
-
-def eval_run_id(cfg: EvalConfig) -> str:
-    """What determines the metrics: the model, the prompts, how they are sampled (n), the
-    verifiers with their options and rule, the k's (and the pipeline name, for reports)."""
-    from thresher.flows.curate import sampling_params, verifier_digests
-
-    cur = cfg.as_curate()
-    return content_id(
-        "evaluate",
-        cfg.name,
-        cur.model_id,
-        cfg.round,
-        cfg.prompts.model_dump(),
-        cfg.n,
-        sorted(cfg.ks),
-        sampling_params(cur),
-        {"verifiers": cfg.verify.verifiers, "by_task": cfg.verify.by_task},
-        cfg.verify.rule,
-        verifier_digests(cur),
-    )
 
 
 def eval_run_name() -> str:
@@ -49,11 +28,9 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     from thresher.evaluators.passk import pass_at_ks, pass_counts
     from thresher.flows.curate import (
         deployment_cleanup,
-        plain_ids,
         prompt_batches,
         sample_batch,
         sampled_batches,
-        verifier_digests,
         verify_batch,
     )
     from thresher.stores.runs import tracked_run

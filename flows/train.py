@@ -8,7 +8,7 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import TrainConfig
-from thresher.ids import content_id
+from thresher.flows.identities import rows_digest, train_run_id
 from thresher.stores.lake import Lake
 
 
@@ -33,20 +33,6 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
     from thresher.stores.export import sft_rows
 
     return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds, d.pipeline)
-
-
-def rows_digest(rows: list[dict]) -> str:
-    """A digest of the exact training rows, in order."""
-    return content_id("rows", rows)
-
-
-def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
-    """Same training settings and the same rows, same run: re-running resumes (or skips)
-    it; new data (more prompts curated, another selection) is a new run.
-
-    The process count is not part of it: batch_size is the global batch whatever it is,
-    and a run may resume with another one."""
-    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}), rows_digest(rows))
 
 
 def train_output(cfg: TrainConfig, lake: Lake) -> Path:

@@ -48,6 +48,6 @@ def test_flows_write_no_table():
         f"{path.relative_to(ROOT)}:{n}"
         for path in sorted((ROOT / "flows").rglob("*.py"))
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if ".append(\"" in line or "lake.append(" in line
+        if '.append("' in line or "lake.append(" in line
     ]
     assert not offenders, offenders

@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from thresher.config import CurateConfig, EvalConfig, TrainConfig
-from thresher.flows.cli import reuse_line
-from thresher.flows.curate import run_curate, selection_id_for
+from thresher.flows.cli.pipelines import reuse_line
+from thresher.flows.curate import run_curate
 from thresher.flows.evaluate import run_eval
+from thresher.flows.identities import selection_id_for
 from thresher.flows.train import run_train
 from thresher.stores.ingest import ingest
 from thresher.stores.lake import Lake

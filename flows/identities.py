@@ -1,0 +1,131 @@
+"""What identifies each stage's output: exactly what determines it, nothing else.
+
+A candidate's id is its prompt, model, round, sample index and sampling parameters
+(samplers.candidate_id); a verdict's, its candidate, verifier and that verifier's options
+digest; a selection's, everything selection depends on; an evaluation's, the model, prompts,
+n, k's and verifiers; a training run's, its settings and a digest of its exact rows. A
+changed setting changes the identity of the stages it touches, so only they run again.
+Run ids (what a re-run resumes) leave out where and how fast the work runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
+from thresher.ids import content_id
+
+
+def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
+    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
+    return cfg.sampling.model_dump(exclude={"k"})
+
+
+# Where and how fast the work runs, not what it produces.
+OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}
+
+
+def run_id_for(cfg: CurateConfig) -> str:
+    """Same pipeline settings, same run: re-running resumes it."""
+    return content_id("curate", cfg.model_dump(exclude=OPERATIONAL))
+
+
+def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
+    """verifier -> the digest of its version and options: which verdicts the run reads."""
+    from thresher.verifiers import options_digest
+
+    v = cfg.verify
+    return {name: options_digest(name, v.options.get(name)) for name in v.all_names()}
+
+
+def selection_id_for(cfg: CurateConfig) -> str:
+    """Everything a selection depends on: its candidates (prompts, model, round, sampling,
+    difficulty, rationalization), the verdicts it reads and the select settings."""
+    v = cfg.verify
+    return content_id(
+        "selection",
+        cfg.name,
+        cfg.model_id,
+        cfg.round,
+        cfg.prompts.model_dump(),
+        cfg.sampling.model_dump(),
+        cfg.difficulty.model_dump(),
+        cfg.rationalize.model_dump(),
+        cfg.select.model_dump(),
+        {"verifiers": v.verifiers, "by_task": v.by_task, "rule": v.rule},
+        verifier_digests(cfg),
+    )
+
+
+def plain_ids(cfg: CurateConfig, prompt_ids: list[str], ks: dict[str, int]) -> list[str]:
+    """The unhinted candidate ids of these prompts: indices 0..k-1 of each."""
+    from thresher.samplers import expected_ids
+
+    params = sampling_params(cfg)
+    return [
+        c for p in prompt_ids for c in expected_ids([p], cfg.model_id, cfg.round, ks[p], params)
+    ]
+
+
+def hinted_ids(cfg: CurateConfig, prompt_ids: list[str]) -> list[str]:
+    """Every id a rationalization of these prompts could produce (most do not exist)."""
+    from thresher.samplers import expected_ids
+
+    r = cfg.rationalize
+    if not r.enabled:
+        return []
+    params = {**sampling_params(cfg), "hint": r.hint}
+    return expected_ids(prompt_ids, cfg.model_id, cfg.round, r.k, params)
+
+
+def eval_run_id(cfg: EvalConfig) -> str:
+    """What determines the metrics: the model, the prompts, how they are sampled (n), the
+    verifiers with their options and rule, the k's (and the pipeline name, for reports)."""
+    cur = cfg.as_curate()
+    return content_id(
+        "evaluate",
+        cfg.name,
+        cur.model_id,
+        cfg.round,
+        cfg.prompts.model_dump(),
+        cfg.n,
+        sorted(cfg.ks),
+        sampling_params(cur),
+        {"verifiers": cfg.verify.verifiers, "by_task": cfg.verify.by_task},
+        cfg.verify.rule,
+        verifier_digests(cur),
+    )
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """A digest of the exact training rows, in order."""
+    return content_id("rows", rows)
+
+
+def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
+    """Same training settings and the same rows, same run: re-running resumes (or skips)
+    it; new data (more prompts curated, another selection) is a new run.
+
+    The process count is not part of it: batch_size is the global batch whatever it is,
+    and a run may resume with another one."""
+    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}), rows_digest(rows))
+
+
+def bootstrap_run_id(cfg: BootstrapConfig) -> str:
+    """The stop rules are not part of the run: raising max_rounds continues it."""
+    return content_id(
+        "bootstrap",
+        cfg.model_dump(
+            exclude={
+                "lake",
+                "batch_size",
+                "timeout_s",
+                "engine",
+                "executor",
+                "ray",
+                "max_rounds",
+                "min_gain",
+                "patience",
+            }
+        ),
+    )
