@@ -372,7 +372,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
             sampled_now=done["sampled"],
             verified_now=done["verified"],
             selected_now=done["selected"],
-            verdicts=verdict_count(lake, cfg, ks, rows),
+            verdicts=verdict_count(lake, cfg),
             skipped_solved=sum(k == 0 for k in ks.values()),
             changes=changes_since_last_run(lake, cfg, run_id),
         )
@@ -382,14 +382,11 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     return summary
 
 
-def verdict_count(lake: Lake, cfg: CurateConfig, ks: dict[str, int], rows: list[dict]) -> int:
+def verdict_count(lake: Lake, cfg: CurateConfig) -> int:
     """The verdicts this run's candidates have from its verifiers with its options."""
     from thresher.stores.queries import count_verdicts
 
-    ids = [r["prompt_id"] for r in rows]
-    return count_verdicts(
-        lake, plain_ids(cfg, ids, ks) + hinted_ids(cfg, ids), verifier_digests(cfg)
-    )
+    return count_verdicts(lake, selection_id_for(cfg), verifier_digests(cfg))
 
 
 def changes_since_last_run(lake: Lake, cfg: CurateConfig, run_id: str) -> list[str] | None:

@@ -61,10 +61,7 @@ def plain_ids(cfg: CurateConfig, prompt_ids: list[str], ks: dict[str, int]) -> l
     """The unhinted candidate ids of these prompts: indices 0..k-1 of each."""
     from thresher.samplers import expected_ids
 
-    params = sampling_params(cfg)
-    return [
-        c for p in prompt_ids for c in expected_ids([p], cfg.model_id, cfg.round, ks[p], params)
-    ]
+    return expected_ids(prompt_ids, cfg.model_id, cfg.round, ks, sampling_params(cfg))
 
 
 def hinted_ids(cfg: CurateConfig, prompt_ids: list[str]) -> list[str]:

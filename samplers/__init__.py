@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +18,47 @@ def candidate_id(
     return content_id("candidate", prompt_id, model, round_, sample_idx, params)
 
 
-def expected_ids(
-    prompt_ids: Sequence[str], model: str, round_: int, k: int, params: dict[str, Any]
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _id_parts(model: str, round_: int, params: dict[str, Any]) -> tuple[str, bytes]:
+    """The JSON content_id hashes for a candidate, around its prompt id and index."""
+    return f",{_dumps(model)},{_dumps(round_)},", f",{_dumps(params)}]".encode()
+
+
+def candidate_ids(
+    prompt_id: str, model: str, round_: int, indices: Iterable[int], params: dict[str, Any]
 ) -> list[str]:
-    """Every candidate id a complete sampling of these prompts produces."""
-    return [candidate_id(p, model, round_, i, params) for p in prompt_ids for i in range(k)]
+    """`candidate_id` for many sample indices of one prompt, the JSON around the index
+    written once (the same text content_id hashes, so the same ids)."""
+    middle, tail = _id_parts(model, round_, params)
+    head = f'["candidate",{_dumps(prompt_id)}{middle}'.encode()
+    return [
+        hashlib.blake2b(head + str(int(i)).encode() + tail, digest_size=8).hexdigest()
+        for i in indices
+    ]
+
+
+def expected_ids(
+    prompt_ids: Sequence[str],
+    model: str,
+    round_: int,
+    k: int | Mapping[str, int],
+    params: dict[str, Any],
+) -> list[str]:
+    """Every candidate id a complete sampling of these prompts produces (`k` per prompt,
+    or `k[prompt_id]`)."""
+    middle, tail = _id_parts(model, round_, params)
+    ids = []
+    for p in prompt_ids:
+        head = f'["candidate",{_dumps(p)}{middle}'.encode()
+        n = k if isinstance(k, int) else k[p]
+        ids += [
+            hashlib.blake2b(head + str(i).encode() + tail, digest_size=8).hexdigest()
+            for i in range(n)
+        ]
+    return ids
 
 
 def candidate_rows(
@@ -41,10 +79,11 @@ def candidate_rows(
     rows = []
     for p, (prompt_id, outs) in enumerate(zip(prompt_ids, completions, strict=True)):
         idxs = indices[p] if indices is not None else range(len(outs))
-        for idx, c in zip(idxs, outs, strict=True):
+        ids = candidate_ids(prompt_id, model, round_, idxs, params)
+        for cid, idx, c in zip(ids, idxs, outs, strict=True):
             rows.append(
                 {
-                    "candidate_id": candidate_id(prompt_id, model, round_, idx, params),
+                    "candidate_id": cid,
                     "prompt_id": prompt_id,
                     "run_id": run_id,
                     "round": round_,

@@ -183,14 +183,16 @@ def kept_texts(lake: Lake, selection_id: str):
     )
 
 
-def count_verdicts(lake: Lake, candidate_ids: list[str], used: dict[str, str]) -> int:
-    """Verdicts these candidates have from the verifiers and options in `used`."""
+def count_verdicts(lake: Lake, selection_id: str, used: dict[str, str]) -> int:
+    """Verdicts the candidates of this selection have from the verifiers and options in
+    `used`."""
     con = lake.connect()
     try:
-        _with_ids(con, "cands", "candidate_id", candidate_ids)
         verdicts = scoped_verdicts(con, used)
-        return con.sql(
-            f"SELECT count(*) FROM {verdicts} JOIN cands USING (candidate_id)"
+        return con.execute(
+            f"SELECT count(*) FROM {verdicts} JOIN selections USING (candidate_id) "
+            "WHERE selection_id = ?",
+            [selection_id],
         ).fetchall()[0][0]
     finally:
         con.close()
