@@ -7,13 +7,14 @@ run, into a fresh lake each time. The flow side is `curate_flow` itself: a flow 
 three Prefect tasks per batch, the run recorded in `runs`, a markdown artifact. The
 direct side calls the tasks' underlying functions (`task.fn`) in a plain loop. The
 temporary Prefect server's one-off start is measured first and reported separately.
-Repeats alternate the two sides. Prints
-`orchestration overhead ratio: X` (the best flow run / the best direct run: on a shared
-machine noise only adds time, which is why timeit reports the best), the ratio of the
-medians, and the time each side spends outside the task bodies (the orchestration
-itself, measured apart from the work's own noise).
+Repeats alternate the two sides (ABBA: the side that goes first alternates, so drift on
+a shared machine cancels). Prints `orchestration overhead ratio: X`, the median over
+repeats of flow time / direct time of the two runs of a repeat (run back to back, they
+share the machine's state of the moment, which on a shared 2-core machine moves either
+run by ±10 %), the ratio of the medians, and the time each side spends outside the task
+bodies (the orchestration itself, measured apart from the work's own noise).
 
-    .venv/bin/python bench/orchestration.py [--prompts 4000] [--k 1] [--repeats 7]
+    .venv/bin/python bench/orchestration.py [--prompts 4000] [--k 1] [--repeats 11]
 
 Greedy sampling by default, so every run samples, verifies and selects the same texts
 (with temperature > 0 the engine's random state moves on between runs and the work
@@ -41,7 +42,7 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11, help="at least 5")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
     args = parser.parse_args()
 
@@ -143,7 +144,8 @@ def main() -> None:
         return None
 
     start = time.perf_counter()
-    noop()  # starts Prefect's temporary server (unless PREFECT_API_URL points at one)
+    with flow_settings():  # the temporary server starts with the settings curate gives it
+        noop()  # starts Prefect's temporary server (unless PREFECT_API_URL points at one)
     server_start = time.perf_counter() - start
     start = time.perf_counter()
     with flow_settings():
@@ -154,9 +156,13 @@ def main() -> None:
     first_flow = as_flow()[0]  # and the flow's one-off registration in this process
     flow_runs, direct_runs = [], []
     try:
-        for _ in range(args.repeats):
-            flow_runs.append(as_flow())
-            direct_runs.append(direct())
+        for i in range(args.repeats):  # ABBA
+            if i % 2 == 0:
+                flow_runs.append(as_flow())
+                direct_runs.append(direct())
+            else:
+                direct_runs.append(direct())
+                flow_runs.append(as_flow())
     finally:
         stop_engine()
     counts = {n for *_, n in flow_runs + direct_runs}
@@ -184,10 +190,10 @@ def main() -> None:
         f"time outside the task bodies per round (median): flow {flow_outside:.3f} s, "
         f"direct {direct_outside:.3f} s"
     )
-    print(f"median ratio: {statistics.median(flow_t) / statistics.median(direct_t):.3f}")
-    # Noise on a shared machine only ever adds time: the best runs compare the work
-    # itself (timeit's convention); the median ratio above shows the spread.
-    print(f"orchestration overhead ratio: {min(flow_t) / min(direct_t):.3f}")
+    pairs = [f / d for f, d in zip(flow_t, direct_t, strict=True)]
+    print(f"ratio of the medians: {statistics.median(flow_t) / statistics.median(direct_t):.3f}")
+    print(f"per-repeat ratios: {[round(r, 3) for r in pairs]}")
+    print(f"orchestration overhead ratio: {statistics.median(pairs):.3f}")
 
 
 if __name__ == "__main__":

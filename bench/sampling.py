@@ -4,10 +4,12 @@ Both sample the same prompts with the same parameters and batch size on one shar
 engine; thresher's side also renders prompts, checks the lake for finished work, builds
 candidate rows and writes them to the lake, one Prefect task per batch, timed inside the
 flow (the flow run's own start-up, paid once per curate run, is printed separately).
-Repeats alternate the two and the medians are compared. Prints
-`sampling overhead ratio: X` (thresher time / bare time).
+Repeats alternate the two (ABBA: the side that goes first alternates, so drift on a
+shared machine cancels). Prints `sampling overhead ratio: X`, the median over repeats of
+thresher's time / bare time of the two runs of a repeat (run back to back, they share the
+machine's state of the moment), and the ratio of the two sides' median times.
 
-    .venv/bin/python bench/sampling.py [--prompts 512] [--k 8] [--batch-size 256] [--repeats 5]
+    .venv/bin/python bench/sampling.py [--prompts 512] [--k 8] [--batch-size 256] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9, help="at least 5")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "bench-model"))
     args = parser.parse_args()
 
@@ -42,11 +44,13 @@ def main() -> None:
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from prefect import flow
+    from prefect.utilities.annotations import quote
     from vllm import SamplingParams
 
     from thresher.config import CurateConfig
     from thresher.flows.curate import sample_batch
     from thresher.flows.identities import run_id_for
+    from thresher.flows.runtime import flow_settings
     from thresher.samplers.engines import local_engine
     from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
@@ -82,7 +86,7 @@ def main() -> None:
         # timed inside the flow: a curate run pays the flow's own start once, not per batch
         start = time.perf_counter()
         for batch in batches:
-            sample_batch(lake_root, cfg, run_id_for(cfg), batch)
+            sample_batch(lake_root, quote(cfg), run_id_for(cfg), quote(batch))
         return time.perf_counter() - start
 
     def thresher() -> tuple[float, int]:
@@ -95,7 +99,8 @@ def main() -> None:
         rows = rows.to_dicts()
         batches = [rows[i : i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
         start = time.perf_counter()
-        took = stage(str(lake.root), batches)
+        with flow_settings():  # what `thresher curate` runs its flow with
+            took = stage(str(lake.root), batches)
         flow_costs.append(time.perf_counter() - start - took)
         written = lake.query("SELECT count(*) AS n, sum(n_tokens) AS t FROM candidates")
         assert written["n"][0] == len(prompts) * s.k, "thresher wrote the wrong number of rows"
@@ -105,9 +110,13 @@ def main() -> None:
     warm = bare()  # warms the engine and its prefix cache for both sides
     thresher()  # starts Prefect's temporary server outside the timed runs
     bare_runs, thresher_runs = [], []
-    for _ in range(args.repeats):
-        bare_runs.append(bare())
-        thresher_runs.append(thresher())
+    for i in range(args.repeats):  # ABBA: which side goes first alternates, so drift cancels
+        if i % 2 == 0:
+            bare_runs.append(bare())
+            thresher_runs.append(thresher())
+        else:
+            thresher_runs.append(thresher())
+            bare_runs.append(bare())
     candidates = len(prompts) * s.k
     bare_t = statistics.median(t for t, _ in bare_runs)
     thr_t = statistics.median(t for t, _ in thresher_runs)
@@ -130,7 +139,10 @@ def main() -> None:
         "outside the stage)"
     )
     print(f"per-token overhead ratio: {(thr_t / thr_tok) / (bare_t / bare_tok):.3f}")
-    print(f"sampling overhead ratio: {thr_t / bare_t:.3f}")
+    pairs = [t / b for (t, _), (b, _) in zip(thresher_runs, bare_runs, strict=True)]
+    print(f"ratio of the medians: {thr_t / bare_t:.3f}")
+    print(f"per-repeat ratios: {[round(r, 3) for r in pairs]}")
+    print(f"sampling overhead ratio: {statistics.median(pairs):.3f}")
 
 
 if __name__ == "__main__":
