@@ -112,17 +112,5 @@ def bootstrap_run_id(cfg: BootstrapConfig) -> str:
     """The stop rules are not part of the run: raising max_rounds continues it."""
     return content_id(
         "bootstrap",
-        cfg.model_dump(
-            exclude={
-                "lake",
-                "batch_size",
-                "timeout_s",
-                "engine",
-                "executor",
-                "ray",
-                "max_rounds",
-                "min_gain",
-                "patience",
-            }
-        ),
+        cfg.model_dump(exclude=OPERATIONAL | {"max_rounds", "min_gain", "patience"}),
     )

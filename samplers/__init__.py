@@ -27,17 +27,20 @@ def _id_parts(model: str, round_: int, params: dict[str, Any]) -> tuple[str, byt
     return f",{_dumps(model)},{_dumps(round_)},", f",{_dumps(params)}]".encode()
 
 
-def candidate_ids(
-    prompt_id: str, model: str, round_: int, indices: Iterable[int], params: dict[str, Any]
-) -> list[str]:
-    """`candidate_id` for many sample indices of one prompt, the JSON around the index
-    written once (the same text content_id hashes, so the same ids)."""
-    middle, tail = _id_parts(model, round_, params)
+def _hashed(prompt_id: str, middle: str, tail: bytes, indices: Iterable[int]) -> list[str]:
     head = f'["candidate",{_dumps(prompt_id)}{middle}'.encode()
     return [
         hashlib.blake2b(head + str(int(i)).encode() + tail, digest_size=8).hexdigest()
         for i in indices
     ]
+
+
+def candidate_ids(
+    prompt_id: str, model: str, round_: int, indices: Iterable[int], params: dict[str, Any]
+) -> list[str]:
+    """`candidate_id` for many sample indices of one prompt, the JSON around the index
+    written once (the same text content_id hashes, so the same ids)."""
+    return _hashed(prompt_id, *_id_parts(model, round_, params), indices)
 
 
 def expected_ids(
@@ -52,12 +55,7 @@ def expected_ids(
     middle, tail = _id_parts(model, round_, params)
     ids = []
     for p in prompt_ids:
-        head = f'["candidate",{_dumps(p)}{middle}'.encode()
-        n = k if isinstance(k, int) else k[p]
-        ids += [
-            hashlib.blake2b(head + str(i).encode() + tail, digest_size=8).hexdigest()
-            for i in range(n)
-        ]
+        ids += _hashed(p, middle, tail, range(k if isinstance(k, int) else k[p]))
     return ids
 
 
