@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from thresher.stores.lake import PROMPT_DIFFICULTY_SQL, ROUND_FUNNEL_SQL, Lake
+from thresher.stores.lake import (
+    DIFFICULTY_BY_ROUND_SQL,
+    PROMPT_DIFFICULTY_SQL,
+    ROUND_FUNNEL_SQL,
+    Lake,
+)
 
 # The funnel and difficulty columns the round table shows beside pass@k.
 ROUND_TABLE_COUNTS = (
@@ -108,16 +113,7 @@ def pass_rates_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
 def difficulty_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Per curated round: prompts, all_pass, all_fail and mixed counts, mean pass rate."""
     cte, params = _prompt_difficulty(name)
-    return lake.query(
-        f"""{cte}
-        SELECT round, count(*) AS prompts,
-               count(*) FILTER (WHERE kind = 'all_pass') AS all_pass,
-               count(*) FILTER (WHERE kind = 'all_fail') AS all_fail,
-               count(*) FILTER (WHERE kind = 'mixed') AS mixed,
-               round(avg(pass_rate), 4) AS mean_pass_rate
-        FROM difficulty GROUP BY round ORDER BY round""",
-        params,
-    )
+    return lake.query(f"{cte} {DIFFICULTY_BY_ROUND_SQL.format(difficulty='difficulty')}", params)
 
 
 def tokens_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:

@@ -70,6 +70,14 @@ PROMPT_DIFFICULTY_SQL = f"""
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         WHERE NOT coalesce(c.hinted, false)
         GROUP BY s.round, s.prompt_id"""
+# over a `prompt_difficulty` source
+DIFFICULTY_BY_ROUND_SQL = """
+        SELECT round, count(*) AS prompts,
+               count(*) FILTER (WHERE kind = 'all_pass') AS all_pass,
+               count(*) FILTER (WHERE kind = 'all_fail') AS all_fail,
+               count(*) FILTER (WHERE kind = 'mixed') AS mixed,
+               round(avg(pass_rate), 4) AS mean_pass_rate
+        FROM {difficulty} GROUP BY round ORDER BY round"""
 ROUND_FUNNEL_SQL = f"""
         SELECT s.round, count(*) AS sampled,
                count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
@@ -119,13 +127,7 @@ DERIVED_VIEWS = {
     # solved it (passed = the selection rule held), and whether it was all-pass / all-fail.
     "prompt_difficulty": PROMPT_DIFFICULTY_SQL.format(selections="current_selections"),
     # All-pass and all-fail prompts carry no signal about pass-rate changes: count them.
-    "difficulty_by_round": """
-        SELECT round, count(*) AS prompts,
-               count(*) FILTER (WHERE kind = 'all_pass') AS all_pass,
-               count(*) FILTER (WHERE kind = 'all_fail') AS all_fail,
-               count(*) FILTER (WHERE kind = 'mixed') AS mixed,
-               round(avg(pass_rate), 4) AS mean_pass_rate
-        FROM prompt_difficulty GROUP BY round ORDER BY round""",
+    "difficulty_by_round": DIFFICULTY_BY_ROUND_SQL.format(difficulty="prompt_difficulty"),
     # One row per curated round: how many candidates each stage let through.
     "round_funnel": ROUND_FUNNEL_SQL.format(selections="current_selections"),
 }
