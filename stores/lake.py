@@ -1,12 +1,11 @@
-"""The lake: a folder of Parquet tables, appended atomically, queried through DuckDB views."""
+"""The lake: one Delta table per table, committed exactly once per batch, queried through
+DuckDB views over one snapshot."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import threading
-import time
-import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from thresher.ids import content_id  # noqa: F401  (re-exported for stores)
+from thresher.ids import content_id
+from thresher.stores.delta import DeltaTables
 from thresher.stores.schemas import KEYS, PASSED_SQL, SCHEMAS, TABLES, DropReason
 from thresher.stores.storage import is_url, local_path, open_storage
 
@@ -133,30 +133,72 @@ DERIVED_VIEWS = {
 }
 
 
-_DATABASES: dict[str, duckdb.DuckDBPyConnection] = {}
-_DATABASES_LOCK = threading.Lock()
+class _Views:
+    """A lake's DuckDB database in this process and the table versions its views read."""
+
+    def __init__(self, db: duckdb.DuckDBPyConnection):
+        self.db = db
+        self.versions: dict[str, int] = {}
+        self.derived = False
+
+
+_DATABASES: dict[str, _Views] = {}
+_DATABASES_LOCK = threading.RLock()
+_TABLES: dict[tuple[int, str], DeltaTables] = {}
+_INITIALIZED: set[tuple[int, str]] = set()
+
+
+def _delta_tables(storage: Any) -> DeltaTables:
+    """The lake's Delta tables, opened once per process."""
+    key = (os.getpid(), storage.location)
+    with _DATABASES_LOCK:
+        if key not in _TABLES:
+            _TABLES[key] = DeltaTables(storage)
+        return _TABLES[key]
 
 
 @atexit.register
 def _close_databases() -> None:
     # DuckDB's bindings report leaks when connections outlive interpreter shutdown
     with _DATABASES_LOCK:
-        for db in _DATABASES.values():
-            db.close()
+        for state in _DATABASES.values():
+            state.db.close()
         _DATABASES.clear()
 
 
+def _key_tuples(data: pa.Table, keys: tuple[str, ...]) -> list[tuple]:
+    return list(zip(*(data.column(k).to_pylist() for k in keys), strict=True))
+
+
+class LegacyLake(RuntimeError):
+    """The lake was written by an older thresher (plain Parquet folders): migrate it."""
+
+
+# Tables whose rows are few (prompts are few next to their candidates): an append also
+# skips rows whose key is in the table already. Other tables skip a batch by its id.
+ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals"})
+SCHEMA_DIR = "_schemas"
+
+
 class Lake:
-    """A lake rooted at one folder or URL; every table is a folder of immutable Parquet files.
+    """A lake rooted at one folder or URL; every table is a Delta table.
 
     `root` is the folder (a Path) of a local lake, the URL (a string) of a remote one
     (s3://bucket/prefix or any fsspec URL); `Lake(lake.root)` opens the same lake.
+    `as_of` ({table: version}) opens it read-only as it was at those versions.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, create: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        create: bool = True,
+        as_of: dict[str, int] | None = None,
+    ):
         self.root = resolve_lake(root)
         self.storage = open_storage(self.root)
-        if create:
+        self.tables = _delta_tables(self.storage)
+        self.as_of = as_of
+        if create and as_of is None:
             self.init()
 
     @property
@@ -174,40 +216,78 @@ class Lake:
         <lake>/<parts> for a local lake, ./<parts> (in the current directory) for a remote one."""
         return Path(*parts).absolute() if self.remote else Path(self.root, *parts)
 
-    def init(self) -> None:
-        """Create the table folders, each with an empty file carrying its schema.
+    def schema_file(self, table: str) -> str:
+        """An empty Parquet file with the table's current schema (every view reads it, so
+        columns added since older files were written read as NULL)."""
+        return self.storage.join(SCHEMA_DIR, f"{table}.parquet")
 
-        A lake written by an older thresher gets the current schema file, so columns
-        added since read as NULL in the old files (the views union columns by name).
-        """
+    def legacy(self) -> list[str]:
+        """The tables still in the plain-Parquet layout of older thresher versions."""
+        return [
+            t
+            for t in TABLES
+            if self.storage.exists(self.storage.join(t, "_schema.parquet"))
+            and not self.tables.exists(t)
+        ]
+
+    def init(self, again: bool = False) -> None:
+        """Create every table missing from the lake, and add columns added since (once per
+        process, unless `again`)."""
+        key = (os.getpid(), self.location)
+        if key in _INITIALIZED and not again:
+            return
+        old = self.legacy()
+        if old:
+            raise LegacyLake(
+                f"the lake at {self.location} was written by an older thresher (tables "
+                f"{', '.join(old)} are plain Parquet folders): run `thresher migrate "
+                f"--lake {self.location}` to convert it into Delta tables"
+            )
         for table in TABLES:
-            self.storage.ensure_schema(self.storage.join(table, "_schema.parquet"), SCHEMAS[table])
+            self.storage.ensure_schema(self.schema_file(table), SCHEMAS[table])
+            self.tables.create(table, SCHEMAS[table])
+        _INITIALIZED.add(key)
 
     def exists(self) -> bool:
-        """True when the folder is a lake (a lake from an older thresher counts)."""
-        return self.storage.exists(self.storage.join("prompts", "_schema.parquet"))
+        """True when the location holds a lake (one of an older layout counts)."""
+        return self.tables.exists("prompts") or bool(self.legacy())
 
-    def glob(self, table: str) -> str:
-        """The DuckDB glob that reads every committed file of `table` (never a temp file)."""
-        return self.storage.join(table, "*.parquet")
+    def versions(self) -> dict[str, int]:
+        """Each table's latest version."""
+        return {t: self.tables.version(t) for t in TABLES}
+
+    def read_versions(self) -> dict[str, int]:
+        """The table versions the latest query in this process read (a snapshot)."""
+        state = _DATABASES.get(self.location)
+        return dict(state.versions) if state else {}
 
     # -- writing -------------------------------------------------------------
 
-    def append(self, table: str, rows: pa.Table | Sequence[dict] | Any) -> int:
-        """Append rows (list of dicts, Arrow or polars) as one new file; returns rows written.
+    def append(
+        self, table: str, rows: pa.Table | Sequence[dict] | Any, batch_id: str | None = None
+    ) -> int:
+        """Append rows (list of dicts, Arrow or polars) as one commit; returns rows written.
 
-        Rows whose key is already in the table, or repeated in `rows`, are skipped,
-        so re-running a step adds nothing.
+        The commit is identified by `batch_id` (by default a digest of the rows' keys):
+        a batch committed before is skipped by a look at the table's log, so a retried
+        or re-run step adds nothing. Rows repeating a key within `rows` are dropped;
+        small tables (ROW_DEDUP) also drop rows whose key is already in the table.
         """
+        if self.as_of is not None:
+            raise PermissionError("a lake opened as of an earlier version is read-only")
         data = self._to_arrow(table, rows)
         keys = KEYS[table]
         if keys and data.num_rows:
-            data = self._drop_known(table, data, keys)
+            data = self._first_of_keys(data, keys)
+            if table in ROW_DEDUP:
+                data = self._drop_known(table, data, keys)
         if data.num_rows == 0:
             return 0
-        name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        self.storage.write_parquet(data, self.storage.join(table, name))
-        return data.num_rows
+        if batch_id is None and keys:
+            batch_id = content_id(table, sorted(map(repr, _key_tuples(data, keys))))
+        if batch_id is not None:
+            batch_id = f"{table}:{batch_id}"
+        return data.num_rows if self.tables.commit(table, data, batch_id) else 0
 
     def _to_arrow(self, table: str, rows: Any) -> pa.Table:
         schema = SCHEMAS[table]
@@ -223,67 +303,96 @@ class Lake:
             data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
         return data.select(schema.names).cast(schema)
 
+    @staticmethod
+    def _first_of_keys(data: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+        """The rows of `data` without those repeating an earlier row's key."""
+        seen: set[tuple] = set()
+        take = []
+        for i, key in enumerate(_key_tuples(data, keys)):
+            if key not in seen:
+                seen.add(key)
+                take.append(i)
+        return data if len(take) == data.num_rows else data.take(pa.array(take, pa.int64()))
+
     def _drop_known(self, table: str, data: pa.Table, keys: tuple[str, ...]) -> pa.Table:
         con = self.connect()
-        con.register("incoming", data)
-        cols = ", ".join(keys)
-        on = " AND ".join(f"i.{k} IS NOT DISTINCT FROM e.{k}" for k in keys)
-        # row_number keeps the first of repeated keys within the batch
-        query = f"""
-            WITH numbered AS (
-                SELECT *, row_number() OVER () AS _pos FROM incoming
-            ), firsts AS (
-                SELECT * EXCLUDE (_rn) FROM (
-                    SELECT *, row_number() OVER (PARTITION BY {cols} ORDER BY _pos) AS _rn
-                    FROM numbered) WHERE _rn = 1
-            ), existing AS (
-                SELECT DISTINCT {cols} FROM {table}
+        try:
+            con.register(
+                "incoming",
+                data.select(list(keys)).append_column(
+                    "_pos", pa.array(range(data.num_rows), pa.int64())
+                ),
             )
-            SELECT i.* EXCLUDE (_pos) FROM firsts i
-            WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE {on})
-            ORDER BY i._pos"""
-        out = con.sql(query).to_arrow_table()
-        con.close()
-        return out.select(data.column_names).cast(data.schema)
+            on = " AND ".join(f"i.{k} IS NOT DISTINCT FROM e.{k}" for k in keys)
+            keep = con.sql(
+                f"""SELECT i._pos FROM incoming i WHERE NOT EXISTS (
+                        SELECT 1 FROM {table} e WHERE {on}) ORDER BY i._pos"""
+            ).fetchall()
+        finally:
+            con.close()
+        return data.take(pa.array([r[0] for r in keep], pa.int64()))
 
     # -- reading -------------------------------------------------------------
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with a view per table and the derived views; close it after use.
 
-        Views read the Parquet files at query time, so every query sees every committed
-        append. The views are built once per lake and process; each call returns a cheap
-        cursor on them (opening a DuckDB database costs more than most queries here).
-        A remote lake's filesystem is registered with DuckDB and its cached listings are
-        dropped on each call, so appends by other processes are seen too.
+        Each call reads every table's latest version from its Delta log; a table's view
+        lists exactly that snapshot's files (scanned by DuckDB itself), so a query never
+        sees half a commit, and sees every commit made before the call, by any process.
+        The database is kept per lake and process; each call returns a cheap cursor.
         """
+        if self.as_of is not None:
+            return self._connect_as_of()
         key = self.location
         self.storage.refresh()
         with _DATABASES_LOCK:
-            db = _DATABASES.get(key)
-            if db is None:
+            state = _DATABASES.get(key)
+            if state is None:
                 if not self.exists():
                     raise FileNotFoundError(
                         f"no lake at {self.root} (run `thresher ingest` first, or pass --lake)"
                     )
-                self.init()  # tables added since the lake was made, current schema files
+                self.init(again=True)  # tables added since the lake was made, schema files
                 db = duckdb.connect()
                 self.storage.attach(db)
-                db = _DATABASES[key] = self._create_views(db)
-        return db.cursor()
+                state = _DATABASES[key] = _Views(db)
+            for table in TABLES:
+                if state.versions.get(table) != self.tables.version(table):
+                    version, files = self.tables.files(table)
+                    state.db.execute(self._view_sql(table, files))
+                    state.versions[table] = version
+            if not state.derived:
+                for name, body in DERIVED_VIEWS.items():
+                    state.db.execute(f"CREATE VIEW {name} AS {body}")
+                state.derived = True
+            return state.db.cursor()
 
-    def _create_views(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    def _connect_as_of(self) -> duckdb.DuckDBPyConnection:
+        db = duckdb.connect()
+        self.storage.attach(db)
         for table in TABLES:
-            source = f"read_parquet({_sql_str(self.glob(table))}, union_by_name = true)"
-            if table == "runs":  # append-only status updates: show the latest per run
-                source = (
-                    f"(SELECT * FROM {source} QUALIFY row_number() OVER "
-                    "(PARTITION BY run_id ORDER BY updated_at DESC) = 1)"
-                )
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
+            version = self.as_of.get(table)
+            if version is None:
+                files = self.tables.files(table)[1]
+            elif version < 0:
+                files = []  # the table did not exist yet
+            else:
+                files = self.tables.files_at(table, version)
+            db.execute(self._view_sql(table, files))
         for name, body in DERIVED_VIEWS.items():
-            con.execute(f"CREATE VIEW {name} AS {body}")
-        return con
+            db.execute(f"CREATE VIEW {name} AS {body}")
+        return db
+
+    def _view_sql(self, table: str, files: list[str]) -> str:
+        listed = ", ".join(_sql_str(f) for f in [self.schema_file(table), *files])
+        source = f"read_parquet([{listed}], union_by_name = true)"
+        if table == "runs":  # append-only status updates: show the latest per run
+            source = (
+                f"(SELECT * FROM {source} QUALIFY row_number() OVER "
+                "(PARTITION BY run_id ORDER BY updated_at DESC) = 1)"
+            )
+        return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {source}"
 
     def query(self, sql: str, params: Iterable[Any] | dict[str, Any] | None = None):
         """Run SQL over the lake's views and return a polars DataFrame ($name params

@@ -24,8 +24,9 @@ def record_run(
     summary: dict[str, Any] | None = None,
     finished: bool = False,
     selection_id: str | None = None,
+    read_versions: dict[str, int] | None = None,
 ) -> None:
-    """Append the run's current status."""
+    """Append the run's current status (with the table versions it read, when known)."""
     stamp = now()
     lake.append(
         "runs",
@@ -37,6 +38,9 @@ def record_run(
                 "model": model,
                 "config": json.dumps(config, sort_keys=True, default=str),
                 "selection_id": selection_id,
+                "read_versions": json.dumps(read_versions, sort_keys=True)
+                if read_versions
+                else None,
                 "status": status,
                 "summary": json.dumps(summary or {}, sort_keys=True, default=str),
                 "started_at": started_at,
@@ -59,7 +63,8 @@ def tracked_run(
     selection_id: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Record a run as running, then completed with the summary the body puts in the
-    yielded dict, or failed with the error that escaped it."""
+    yielded dict, or failed with the error that escaped it. Every row records the table
+    versions of the lake snapshot read last before the run began (a train run's data)."""
     started = now()
     run = dict(
         flow=flow,
@@ -68,6 +73,7 @@ def tracked_run(
         config=config,
         started_at=started,
         selection_id=selection_id,
+        read_versions=lake.read_versions() or lake.versions(),
     )
     record_run(lake, run_id, status="running", **run)
     summary: dict[str, Any] = {}

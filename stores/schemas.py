@@ -44,6 +44,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("model", pa.string()),
             ("config", pa.string()),  # JSON
             ("selection_id", pa.string()),  # curate: the selection it wrote and reads
+            ("read_versions", pa.string()),  # JSON {table: version}: the snapshot it read
             ("status", pa.string()),
             ("summary", pa.string()),  # JSON
             ("started_at", TS),

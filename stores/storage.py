@@ -1,10 +1,9 @@
 """Where a lake's files live: a local folder, or any fsspec URL (s3://bucket/prefix, ...).
 
-Both kinds write each Parquet file whole before it becomes visible: a local folder writes
-a temp file and renames it; an object store PUTs the final key in one request (or one
-completed multipart upload), which the store makes visible only once complete; any other
-fsspec filesystem writes a temp name and moves it. Temp names end in `.tmp`, so the lake's
-`*.parquet` globs never match them.
+Tables are Delta tables written by delta-rs through its own object-store layer (its
+`storage_options` come from here); DuckDB reads their files through the same storage,
+and the lake's own small files (schemas, moved log history) are written whole: a temp
+file renamed on a local disk, one PUT on an object store.
 """
 
 from __future__ import annotations
@@ -77,6 +76,36 @@ class LocalStorage:
         pq.write_table(data, tmp, compression="zstd")
         os.replace(tmp, path)
 
+    def list(self, folder: str) -> list[str]:
+        """The paths of the files directly in `folder` (none when it does not exist)."""
+        try:
+            return [str(p) for p in Path(folder).iterdir() if p.is_file()]
+        except FileNotFoundError:
+            return []
+
+    def read_bytes(self, path: str) -> bytes:
+        """The file's contents."""
+        return Path(path).read_bytes()
+
+    def move(self, src: str, dst: str) -> None:
+        """Move a file (into a folder made if missing)."""
+        Path(dst).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+
+    def delete(self, path: str) -> None:
+        """Delete a file or a folder with everything in it."""
+        import shutil
+
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+    def delta_options(self) -> dict[str, str] | None:
+        """delta-rs storage options: none for a local folder."""
+        return None
+
     def attach(self, con: Any) -> None:
         """Nothing to do: DuckDB reads local files itself."""
 
@@ -138,6 +167,66 @@ class FsspecStorage:
             self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
             self.fs.pipe_file(tmp, blob)
             self.fs.mv(tmp, path)
+
+    def list(self, folder: str) -> list[str]:
+        """The URLs of the objects directly under `folder`."""
+        try:
+            entries = self.fs.ls(folder, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return [self._url(e["name"]) for e in entries if e["type"] == "file"]
+
+    def _url(self, name: str) -> str:
+        return name if "://" in name else f"{self.protocol}://{name}"
+
+    def read_bytes(self, path: str) -> bytes:
+        """The object's contents."""
+        return self.fs.cat_file(path)
+
+    def move(self, src: str, dst: str) -> None:
+        """Move an object (a copy, then a delete, on object stores)."""
+        self.fs.mv(src, dst)
+
+    def delete(self, path: str) -> None:
+        """Delete an object, or every object under a prefix."""
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs storage options, from the same settings as the fsspec filesystem:
+        THRESHER_STORAGE_OPTIONS (endpoint_url, key, secret) over the AWS_* variables, then
+        $THRESHER_DELTA_OPTIONS (a JSON object of delta-rs options) over both. Plain http
+        endpoints (a local S3 server) are allowed. S3 needs no lock: delta-rs commits with
+        conditional writes (If-None-Match)."""
+        options: dict[str, str] = {}
+        if self.protocol in ("s3", "s3a"):
+            fs_options = storage_options(self.protocol)
+            client = fs_options.get("client_kwargs") or {}
+            endpoint = (
+                client.get("endpoint_url")
+                or fs_options.get("endpoint_url")
+                or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL")
+            )
+            if endpoint:
+                options["AWS_ENDPOINT_URL"] = endpoint
+                if endpoint.startswith("http://"):
+                    options["AWS_ALLOW_HTTP"] = "true"
+            for fs_key, key in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY")):
+                if fs_options.get(fs_key):
+                    options[key] = str(fs_options[fs_key])
+            region = (
+                client.get("region_name")
+                or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
+            )
+            options["AWS_REGION"] = region or "us-east-1"
+        raw = os.environ.get("THRESHER_DELTA_OPTIONS") or "{}"
+        try:
+            extra = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"THRESHER_DELTA_OPTIONS is not JSON: {e}") from None
+        return {**options, **{k: str(v) for k, v in extra.items()}}
 
     def attach(self, con: Any) -> None:
         """Let DuckDB read this filesystem's URLs (no DuckDB extension needed)."""
@@ -249,8 +338,18 @@ def remember_part_info(fs: Any) -> Any:
     return fs
 
 
+# Where delta-rs can keep a Delta table (besides local folders).
+DELTA_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure"}
+
+
 def open_storage(location: str | os.PathLike) -> LocalStorage | FsspecStorage:
-    """The storage of a lake location: a local folder, or an fsspec URL."""
+    """The storage of a lake location: a local folder, or an object-store URL."""
     if is_url(location):
+        protocol = str(location).split("://", 1)[0]
+        if protocol not in DELTA_PROTOCOLS:
+            raise ValueError(
+                f"a lake cannot live at {protocol}:// (its tables are Delta tables, which "
+                f"need a local folder or one of {', '.join(sorted(DELTA_PROTOCOLS))}://)"
+            )
         return FsspecStorage(str(location))
     return LocalStorage(local_path(location))

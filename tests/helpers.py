@@ -20,3 +20,39 @@ def select(lake, prompt_ids: list[str], rule=None, eval_index=None, **settings) 
 
     ids = candidates_of(lake, prompt_ids)
     return select_batch(lake, "r", 0, ids, SelectConfig(**settings), rule, eval_index=eval_index)
+
+
+# Two writers on one table: both append the same batches (in opposite orders), then
+# batches of their own; each must land exactly once. argv: lake, name (A/B), batches.
+TWO_WRITERS = """
+import sys
+from thresher.stores.lake import Lake
+lake = Lake(sys.argv[1])
+name, n = sys.argv[2], int(sys.argv[3])
+for b in (range(n) if name == "A" else reversed(range(n))):
+    rows = [{"candidate_id": f"c{b}-{j}", "prompt_id": f"p{b}", "text": "x"} for j in range(20)]
+    lake.append("candidates", rows)
+for b in range(n):
+    rows = [{"candidate_id": f"{name}{b}-{j}", "prompt_id": name, "text": "y"}
+            for j in range(20)]
+    assert lake.append("candidates", rows) == 20
+"""
+
+
+def run_two_writers(lake_location: str, batches: int) -> None:
+    """Run TWO_WRITERS as two processes at the same time; both must succeed."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO_WRITERS, lake_location, name, str(batches)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for name in ("A", "B")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]

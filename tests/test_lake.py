@@ -21,11 +21,13 @@ def test_append_skips_known_and_repeated_keys(lake):
     assert sorted(lake.query("SELECT prompt_id FROM prompts")["prompt_id"]) == ["a", "b"]
 
 
-def test_appends_are_whole_files_and_no_temp_files_remain(lake):
+def test_each_append_is_one_delta_commit(lake):
+    before = lake.versions()["prompts"]
     lake.append("prompts", [{"prompt_id": "a", "task": "t", "prompt": "x"}])
-    names = [p.name for p in (lake.root / "prompts").iterdir()]
-    assert all(n.endswith(".parquet") and not n.startswith(".") for n in names)
-    assert len(names) == 2  # the schema file and one part
+    assert lake.versions()["prompts"] == before + 1
+    version, files = lake.tables.files("prompts")
+    assert len(files) == 1 and files[0].endswith(".parquet")
+    assert (lake.root / "prompts" / "_delta_log").is_dir()
 
 
 def test_wrong_column_types_are_refused(lake):
@@ -58,24 +60,21 @@ def test_lake_location_precedence(tmp_path, monkeypatch):
 
 
 def test_a_lake_from_an_older_schema_gains_new_columns(tmp_path):
-    import pyarrow.parquet as pq
+    from deltalake import write_deltalake
 
     from thresher.stores.schemas import SCHEMAS
 
-    root = tmp_path / "old"
-    Lake(root)
+    root = tmp_path / "old"  # an evals table made by a thresher without the `task` column
     old_schema = SCHEMAS["evals"].remove(SCHEMAS["evals"].get_field_index("task"))
-    pq.write_table(old_schema.empty_table(), root / "evals" / "_schema.parquet")
-    pq.write_table(
-        pa.table({"round": [0], "metric": ["pass@1"], "value": [0.5]}),
-        root / "evals" / "part-old.parquet",
-    )
-    lake = Lake(root)  # opening it refreshes the schema file
+    old = [{"round": 0, "metric": "pass@1", "value": 0.5}]
+    write_deltalake(root / "evals", pa.Table.from_pylist(old, schema=old_schema))
+    lake = Lake(root)  # opening it adds the column to the table's schema
     lake.append(
         "evals", [{"round": 1, "task": "all", "metric": "pass@1", "value": 0.7, "run_id": "r"}]
     )
     rows = lake.query("SELECT round, task, value FROM evals ORDER BY round").rows()
     assert rows == [(0, None, 0.5), (1, "all", 0.7)]
+    assert "task" in {f.name for f in lake.tables.table("evals").schema().fields}
 
 
 def test_a_lake_missing_a_newer_table_still_opens(tmp_path):

@@ -91,7 +91,13 @@ def print_frame(df, fmt: OutputFormat, max_rows: int = 50) -> None:
 
 def main() -> None:
     """Entry point of the `thresher` console script."""
-    app()
+    try:
+        app()
+    except RuntimeError as e:
+        if type(e).__name__ != "LegacyLake":  # a lake to migrate: say so, no traceback
+            raise
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise SystemExit(1) from None
 
 
 # the commands register themselves with `app`, in the order `--help` lists them

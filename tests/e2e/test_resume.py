@@ -32,7 +32,8 @@ def curate_cmd(cfg_path, lake_root):
 
 
 def part_files(lake_root):
-    return sorted((Path(lake_root) / "candidates").glob("part-*.parquet"))
+    """The data files of the candidates table's latest version (committed batches only)."""
+    return sorted(Path(f) for f in Lake(lake_root).tables.files("candidates")[1])
 
 
 def test_kill_and_resume(tiny_model, tmp_path):
@@ -86,7 +87,9 @@ def test_kill_and_resume(tiny_model, tmp_path):
     per_prompt = lake.query("SELECT count(*) AS n FROM candidates GROUP BY prompt_id")
     assert set(per_prompt["n"]) == {K}
 
-    # the finished batches' files are untouched, and no later file holds those batches again
+    # the finished batches' files are still in the table, untouched, and no later file
+    # holds those batches again
+    assert set(before) <= {f.name for f in part_files(lake.root)}
     for f in part_files(lake.root):
         if f.name in before:
             assert pq.read_table(f).equals(before[f.name])
