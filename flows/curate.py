@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
-from thresher.config import CurateConfig
+from thresher.config import CompactConfig, CurateConfig
 from thresher.flows.identities import (
     OPERATIONAL,
     hinted_ids,
@@ -340,7 +340,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         ks = sampling_plan(lake, cfg, rows)
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
         done = dict(sampled=0, verified=0, selected=0)
-        sampling_s = 0.0
+        sampling_s, batches_done = 0.0, 0
         quiet_task_logs()
         sample = sample_batch.with_options(timeout_seconds=cfg.timeout_s)
         cfg_q, ks_q = quote(cfg), quote(ks)
@@ -363,6 +363,9 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
                     done["verified"] += verify_batch(lake_root, cfg_q, run_id, batch_ids)
                 done["selected"] += select_batch(lake_root, cfg_q, run_id, batch_ids)
                 bar.update(len(batch))
+                batches_done += 1
+                if batches_done % COMPACT_CHECK_EVERY == 0:
+                    compact_if_due(lake, cfg.compact)
                 if sampling_s:
                     bar.set_postfix(candidates_per_s=f"{done['sampled'] / sampling_s:.0f}")
         summary.update(run_stats(cfg))
@@ -378,8 +381,22 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         )
         if cfg.difficulty.hard_k:
             summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
+        compacted = compact_if_due(lake, cfg.compact)
+        if compacted:
+            summary["compacted"] = compacted
         publish_curate(cfg, summary)
     return summary
+
+
+COMPACT_CHECK_EVERY = 100  # batches
+
+
+def compact_if_due(lake: Lake, settings: CompactConfig) -> dict[str, int]:
+    """Compact the tables with many small files; returns files before, per table compacted."""
+    from thresher.stores.maintenance import maybe_compact
+
+    done = maybe_compact(lake, settings.after_small_files, settings.target_file_mb)
+    return {t: m["files_before"] for t, m in done.items()}
 
 
 def verdict_count(lake: Lake, cfg: CurateConfig) -> int:

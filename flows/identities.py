@@ -22,7 +22,7 @@ def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
 
 
 # Where and how fast the work runs, not what it produces.
-OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray"}
+OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray", "compact"}
 
 
 def run_id_for(cfg: CurateConfig) -> str:

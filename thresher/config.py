@@ -104,6 +104,18 @@ Executor = Literal["local", "ray"]
 EXECUTOR_HELP = "local: one engine in this process; ray: engines and verifiers on a Ray cluster"
 
 
+class CompactConfig(_Strict):
+    """Compaction of the lake's small files while a pipeline runs (`thresher compact`)."""
+
+    after_small_files: int = Field(
+        500,
+        ge=0,
+        description="compact a table once it has this many files under half the target "
+        "size (checked every 100 batches and at the end of a run); 0: never",
+    )
+    target_file_mb: int = Field(128, ge=1, description="size of the compacted files, MiB")
+
+
 class EngineStage(StageConfig):
     """The fields of the stages that sample with an engine (curate, evaluate, bootstrap)."""
 
@@ -112,6 +124,7 @@ class EngineStage(StageConfig):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     executor: Executor = Field("local", description=EXECUTOR_HELP)
     ray: RayConfig = Field(default_factory=RayConfig)
+    compact: CompactConfig = Field(default_factory=CompactConfig)
 
 
 class VerifyConfig(_Strict):
@@ -388,6 +401,7 @@ class EvalConfig(EngineStage):
             engine=self.engine,
             executor=self.executor,
             ray=self.ray,
+            compact=self.compact,
             verify=self.verify,
         )
 
@@ -454,6 +468,7 @@ class BootstrapConfig(EngineStage):
             engine=self.engine,
             executor=self.executor,
             ray=self.ray,
+            compact=self.compact,
             verify=self.verify,
             select=self.select,
             difficulty=self.difficulty,
@@ -497,6 +512,7 @@ class BootstrapConfig(EngineStage):
             engine=self.engine,
             executor=self.executor,
             ray=self.ray,
+            compact=self.compact,
             verify=self.verify,
         )
 

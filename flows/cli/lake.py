@@ -1,4 +1,5 @@
-"""Lake commands: ingest prompts, query with SQL, list the tables."""
+"""Lake commands: ingest prompts, query with SQL (also as of earlier versions), list the
+tables and their history, compact, vacuum, migrate."""
 
 from __future__ import annotations
 
@@ -124,6 +125,13 @@ def ingest(
         fail("no valid rows were read", code=1)
 
 
+AS_OF_HELP = (
+    "Query the lake as it was: a time (2026-12-01T14:00, UTC unless it has an offset), "
+    "TABLE=VERSION[,TABLE=VERSION] (see `thresher history`; other tables at their latest), "
+    "or run:RUN_ID (the versions that run read, e.g. the data a model was trained on)."
+)
+
+
 @app.command()
 def sql(
     query: Annotated[
@@ -131,29 +139,141 @@ def sql(
     ],
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
     max_rows: Annotated[int, typer.Option(help="Rows shown in table format.")] = 50,
+    as_of: Annotated[str | None, typer.Option("--as-of", help=AS_OF_HELP)] = None,
     lake: LakeOption = None,
 ) -> None:
     """Run read-only SQL over the lake (safe while flows are writing).
 
-    Tables: prompts, rejects, runs, candidates, verdicts, selections, evals.
-    Views: candidate_outcomes, pass_rate, funnel, yield_by_round, round_funnel,
-    prompt_difficulty, difficulty_by_round.
-    Write statements (INSERT, CREATE, COPY, ...) are refused.
+    Tables: prompts, rejects, runs, candidates, verdicts, selections, evals,
+    train_metrics. Views: current_selections, candidate_outcomes, pass_rate, funnel,
+    yield_by_round, round_funnel, prompt_difficulty, difficulty_by_round.
+    Every query reads one snapshot: each table as of its latest commit when the query
+    starts. Write statements (INSERT, CREATE, COPY, ...) are refused.
     """
     import duckdb
 
-    from thresher.stores.lake import Lake
+    from thresher.stores.lake import Lake, LegacyLake
+    from thresher.stores.maintenance import BadSnapshot, as_of_versions
     from thresher.stores.sql import QueryRefused, run_sql
 
     try:
-        df = run_sql(Lake(lake, create=False), query)
+        lk = Lake(lake, create=False)
+        if as_of is not None:
+            lk = Lake(lake, as_of=as_of_versions(lk, as_of))
+        df = run_sql(lk, query)
     except QueryRefused as e:
         fail(str(e), code=2)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, LegacyLake, BadSnapshot, LookupError) as e:
         fail(str(e))
     except duckdb.Error as e:
         fail(str(e).strip())
     print_frame(df, fmt, max_rows)
+
+
+TableOption = Annotated[
+    str | None, typer.Option("--table", "-t", help="Only this table (default: all).")
+]
+
+
+def _open_lake(lake: str | None):
+    from thresher.stores.lake import Lake, LegacyLake
+
+    try:
+        lk = Lake(lake, create=False)
+        lk.connect().close()  # a clear error for a missing or older lake
+    except (FileNotFoundError, LegacyLake) as e:
+        fail(str(e))
+    return lk
+
+
+@app.command()
+def history(
+    table: TableOption = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Commits per table.")] = 10,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    lake: LakeOption = None,
+) -> None:
+    """List each table's latest versions (commits): when, what, rows added.
+
+    Any listed version can be queried with `thresher sql --as-of TABLE=VERSION`.
+    """
+    import polars as pl
+
+    from thresher.stores.maintenance import history as table_history
+
+    lk = _open_lake(lake)
+    try:
+        rows = table_history(lk, table, limit)
+    except ValueError as e:
+        fail(str(e))
+    print_frame(pl.DataFrame(rows), fmt, max_rows=len(rows))
+
+
+@app.command()
+def compact(
+    table: TableOption = None,
+    target_mb: Annotated[int, typer.Option(help="Size of the rewritten files, MiB.")] = 128,
+    lake: LakeOption = None,
+) -> None:
+    """Rewrite many small files into few large ones (one commit per table).
+
+    Appends write one file per batch; queries get slower as files pile up. Compaction
+    changes no query result, and earlier versions stay readable until `thresher vacuum`.
+    Curate and bootstrap runs compact on their own past `compact.after_small_files`.
+    """
+    from thresher.stores.maintenance import compact as compact_tables
+
+    lk = _open_lake(lake)
+    try:
+        done = compact_tables(lk, table, target_mb)
+    except ValueError as e:
+        fail(str(e))
+    for name, m in done.items():
+        typer.echo(f"{name:<14} {m['files_before']:>7} files -> {m['files_after']}")
+
+
+@app.command()
+def vacuum(
+    retain: Annotated[
+        float, typer.Option(help="Keep every file a version of the last RETAIN hours needs.")
+    ] = 168,
+    table: TableOption = None,
+    force: Annotated[
+        bool, typer.Option(help="Allow --retain under 1 hour (nothing may be reading).")
+    ] = False,
+    lake: LakeOption = None,
+) -> None:
+    """Delete files no recent version needs: those replaced by compaction more than
+    --retain hours ago, and those of writers killed before their commit.
+
+    Versions older than --retain may no longer be readable with `sql --as-of` afterwards.
+    """
+    from thresher.stores.maintenance import vacuum as vacuum_tables
+
+    lk = _open_lake(lake)
+    try:
+        done = vacuum_tables(lk, retain, table, force)
+    except ValueError as e:
+        fail(str(e), code=2)
+    for name, n in done.items():
+        typer.echo(f"{name:<14} {n:>7} files deleted")
+
+
+@app.command()
+def migrate(lake: LakeOption = None) -> None:
+    """Convert a lake written by an older thresher (plain Parquet folders) into Delta
+    tables, without losing or doubling a row; run it again if it was interrupted."""
+    from thresher.stores.lake import Lake
+    from thresher.stores.maintenance import migrate as migrate_lake
+
+    lk = Lake(lake, create=False)
+    if not lk.exists():
+        fail(f"no lake at {lk.root}")
+    if not lk.legacy():
+        typer.echo(f"{lk.location}: every table is a Delta table already")
+        return
+    for name, rows in migrate_lake(lk.root).items():
+        typer.echo(f"{name:<14} {rows:>9} rows -> Delta table")
 
 
 @app.command()
@@ -165,7 +285,7 @@ def tables(lake: LakeOption = None) -> None:
     lk = Lake(lake, create=False)
     try:
         counts = {name: lk.count(name) for name in (*TABLES, *DERIVED_VIEWS)}
-    except FileNotFoundError as e:
+    except (FileNotFoundError, RuntimeError) as e:
         fail(str(e))
     typer.echo(f"lake: {lk.location}")
     for name, n in counts.items():
