@@ -30,7 +30,7 @@ LakeOption = Annotated[
     typer.Option(
         "--lake",
         envvar="THRESHER_LAKE",
-        help="Lake folder, or an fsspec URL such as s3://bucket/prefix (models and reports "
+        help="Lake folder, or an object-store URL such as s3://bucket/prefix (models and reports "
         "of a remote lake go under ./). Default: $THRESHER_LAKE, else the config's `lake`, "
         "else ./lake.",
         show_default=False,
