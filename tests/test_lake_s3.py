@@ -348,7 +348,7 @@ def test_curate_export_report_and_train_on_s3(s3, tiny_model, tmp_path):
     assert sql_json("SELECT count(*) AS n FROM train_metrics", url) == [{"n": 2}]
 
 
-# -- other locations: file:// URLs are local folders, other fsspec URLs work the same way
+# -- other locations: file:// URLs are local folders; stores delta-rs cannot write are refused
 
 
 def test_a_file_url_is_a_local_folder(tmp_path):
