@@ -302,10 +302,10 @@ def _is_part(path: str) -> bool:
 def remember_part_info(fs: Any) -> Any:
     """Make `fs` answer DuckDB's questions about listed files from the listing.
 
-    DuckDB asks for each file's size, date and details several times per query, one
-    request each. Listings are never cached (each query lists every table afresh), and a
-    file's details come from the latest listing that showed it; part files never change
-    once visible (unique names, written whole), so theirs are kept for good.
+    DuckDB globs each file a view names and asks for its size, date and details several
+    times per query, one request each. Listings are never cached, and a file's details
+    come from the latest listing or look that showed it; part files never change once
+    visible (unique names, written whole), so theirs are kept for good.
     """
     known: dict[str, dict] = {}
     glob, info = fs.glob, fs.info
@@ -313,7 +313,15 @@ def remember_part_info(fs: Any) -> Any:
     def glob_parts(path: str, maxdepth: int | None = None, **kwargs: Any) -> Any:
         if kwargs.pop("detail", False):
             return glob(path, maxdepth=maxdepth, detail=True, **kwargs)
-        folder, _, pattern = fs._strip_protocol(path).rpartition("/")
+        stripped = fs._strip_protocol(path)
+        if maxdepth is None and not kwargs and not set("*?[") & set(stripped):
+            # a view lists its files by name and DuckDB globs each one: a name matches
+            # itself, so ask about that file (known parts: nothing) instead of listing
+            try:
+                return [info_parts(stripped)["name"]]
+            except FileNotFoundError:
+                return []
+        folder, _, pattern = stripped.rpartition("/")
         simple = folder and not set("*?[") & set(folder) and "**" not in pattern
         if maxdepth is None and not kwargs and simple:
             found = _list_matching(fs, folder, pattern)  # one listing request

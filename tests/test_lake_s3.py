@@ -372,3 +372,29 @@ def test_storage_errors_say_what_to_do(monkeypatch):
     if importlib.util.find_spec("gcsfs") is None:  # an implementation that is not installed
         with pytest.raises(ImportError, match="pip install 'gcsfs'"):
             Lake("gs://bucket/lake")
+
+
+def test_a_views_file_list_is_read_without_listing_the_store():
+    import duckdb
+    import fsspec
+
+    from thresher.stores.storage import remember_part_info
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    files = [f"memory://listing-test/t/part-{i}.parquet" for i in range(5)]
+    for i, path in enumerate(files):
+        with fs.open(path, "wb") as f:
+            pq.write_table(pa.table({"x": [i]}), f)
+    asked = {"ls": 0, "info": 0}
+    ls, info = fs.ls, fs.info
+    fs.ls = lambda *a, **k: asked.__setitem__("ls", asked["ls"] + 1) or ls(*a, **k)
+    fs.info = lambda *a, **k: asked.__setitem__("info", asked["info"] + 1) or info(*a, **k)
+    con = duckdb.connect()
+    con.register_filesystem(remember_part_info(fs))
+    query = f"SELECT sum(x) FROM read_parquet({files}, union_by_name = true)"
+    assert con.sql(query).fetchall() == [(10,)]
+    assert asked == {"ls": 0, "info": 5}  # one look per part file, no listing per file
+    assert con.sql(query).fetchall() == [(10,)]
+    assert asked == {"ls": 0, "info": 5}  # part files never change: nothing asked again
+    con.close()
+    fs.rm("memory://listing-test", recursive=True)
