@@ -57,6 +57,18 @@ def _version_of(name: str) -> tuple[int, str] | None:
     return None
 
 
+def _commit_info(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A commit's commitInfo action ({} when it has none)."""
+    return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+
+
+def _commit_time(info: dict[str, Any]) -> datetime | None:
+    """When a commit was made, from its commitInfo (None when it does not say)."""
+    if "timestamp" not in info:
+        return None
+    return datetime.fromtimestamp(info["timestamp"] / 1000, UTC)
+
+
 class DeltaTables:
     """The Delta tables of one lake, opened once per process and refreshed on demand."""
 
@@ -170,33 +182,35 @@ class DeltaTables:
             return True
         raise AssertionError("unreachable")
 
-    def files(self, table: str) -> tuple[int, list[str]]:
-        """The latest version of `table` and the data files it consists of."""
+    def files(self, table: str, refresh: bool = True) -> tuple[int, list[str]]:
+        """The latest version of `table` and the data files it consists of (as of the last
+        refresh, when `refresh` is False)."""
         with self._lock:
-            dt = self.table(table)
+            dt = self.table(table, refresh)
             return dt.version(), dt.file_uris()
 
     # -- history -------------------------------------------------------------
 
+    def _entries_in(self, folder: str) -> dict[tuple[int, str], str]:
+        """The commit and checkpoint files in `folder`, by (version, kind)."""
+        out: dict[tuple[int, str], str] = {}
+        for path in self.storage.list(folder):
+            found = _version_of(path.rpartition("/")[2])
+            if found:
+                out[found] = path
+        return out
+
     def _log_entries(self, table: str) -> dict[tuple[int, str], str]:
         """Every commit and checkpoint file of `table`, in the log or moved to history."""
-        out: dict[tuple[int, str], str] = {}
-        for folder in (self.storage.join(HISTORY, table), self.storage.join(table, "_delta_log")):
-            for path in self.storage.list(folder):
-                found = _version_of(path.rpartition("/")[2])
-                if found:
-                    out[found] = path
-        return out
+        return {
+            **self._entries_in(self.storage.join(HISTORY, table)),
+            **self._entries_in(self.storage.join(table, "_delta_log")),
+        }
 
     def prune_log(self, table: str) -> int:
         """Move commits and checkpoints older than the second-to-last checkpoint from the
         log into the lake's history; returns files moved."""
-        log = self.storage.join(table, "_delta_log")
-        entries = {}
-        for path in self.storage.list(log):
-            found = _version_of(path.rpartition("/")[2])
-            if found:
-                entries[found] = path
+        entries = self._entries_in(self.storage.join(table, "_delta_log"))
         checkpoints = sorted(v for v, kind in entries if kind == "checkpoint")
         if len(checkpoints) < 2:
             return 0
@@ -221,6 +235,10 @@ class DeltaTables:
             name = path.rpartition("/")[2]
             return self.storage.read_bytes(self.storage.join(HISTORY, table, name))
 
+    def _actions(self, table: str, path: str) -> list[dict[str, Any]]:
+        """The actions (add, remove, commitInfo, ...) of one commit file."""
+        return [json.loads(line) for line in self._read_log_file(table, path).decode().splitlines()]
+
     def files_at(self, table: str, version: int) -> list[str]:
         """The data files of `table` at `version`, from the log and the lake's history."""
         entries = self._log_entries(table)
@@ -244,8 +262,7 @@ class DeltaTables:
                     f"{table} version {version} is not in the lake's history "
                     f"(versions {self.oldest_version(table)}..{self.version(table)} are)"
                 )
-            for line in self._read_log_file(table, path).decode().splitlines():
-                action = json.loads(line)
+            for action in self._actions(table, path):
                 if "add" in action:
                     live[action["add"]["path"]] = None
                 elif "remove" in action:
@@ -266,25 +283,16 @@ class DeltaTables:
         bases = [v for v, kind in entries if kind == "checkpoint" and v >= first - 1]
         return min(bases, default=jsons[-1])
 
-    def commit_time(self, table: str, version: int) -> datetime | None:
-        """When `version` was committed (its commitInfo timestamp), or None if unknown."""
-        path = self._log_entries(table).get((version, "json"))
-        if path is None:
-            return None
-        for line in self._read_log_file(table, path).decode().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info and "timestamp" in info:
-                return datetime.fromtimestamp(info["timestamp"] / 1000, UTC)
-        return None
-
     def version_at(self, table: str, when: datetime) -> int | None:
         """The latest version of `table` committed at or before `when`; None when the
         table did not exist yet."""
-        versions = sorted(v for v, kind in self._log_entries(table) if kind == "json")
+        entries = self._log_entries(table)
+        versions = sorted(v for v, kind in entries if kind == "json")
         lo, hi, found = 0, len(versions) - 1, None
         while lo <= hi:  # commit times grow with versions: a binary search reads few files
             mid = (lo + hi) // 2
-            stamp = self.commit_time(table, versions[mid])
+            info = _commit_info(self._actions(table, entries[(versions[mid], "json")]))
+            stamp = _commit_time(info)
             if stamp is not None and stamp <= when:
                 found, lo = versions[mid], mid + 1
             else:
@@ -325,21 +333,17 @@ class DeltaTables:
         versions = sorted((v for v, kind in entries if kind == "json"), reverse=True)
         out = []
         for v in versions[:limit]:
-            info, added, rows = {}, 0, 0
-            for line in self._read_log_file(table, entries[(v, "json")]).decode().splitlines():
-                action = json.loads(line)
-                info = action.get("commitInfo", info)
-                if "add" in action:
-                    added += 1
-                    stats = json.loads(action["add"].get("stats") or "{}")
-                    rows += stats.get("numRecords", 0)
+            actions = self._actions(table, entries[(v, "json")])
+            info = _commit_info(actions)
+            adds = [a["add"] for a in actions if "add" in a]
+            rows = sum(json.loads(a.get("stats") or "{}").get("numRecords", 0) for a in adds)
             out.append(
                 {
                     "table": table,
                     "version": v,
-                    "committed_at": datetime.fromtimestamp(info.get("timestamp", 0) / 1000, UTC),
+                    "committed_at": _commit_time(info),
                     "operation": info.get("operation"),
-                    "files_added": added,
+                    "files_added": len(adds),
                     "rows_added": rows,
                 }
             )

@@ -359,7 +359,7 @@ class Lake:
                 state = _DATABASES[key] = _Views(db)
             for table in TABLES:
                 if state.versions.get(table) != self.tables.version(table):
-                    version, files = self.tables.files(table)
+                    version, files = self.tables.files(table, refresh=False)  # just refreshed
                     state.db.execute(self._view_sql(table, files))
                     state.versions[table] = version
             if not state.derived:

@@ -135,11 +135,8 @@ def migrate(location: Any) -> dict[str, int]:
     once their table is committed, so an interrupted migration is simply run again."""
     import duckdb
 
-    from thresher.stores.delta import DeltaTables
-    from thresher.stores.storage import open_storage
-
     lake = Lake(location, create=False)
-    storage, tables = open_storage(lake.root), DeltaTables(open_storage(lake.root))
+    storage, tables = lake.storage, lake.tables
     out = {}
     for t in TABLES:
         folder = storage.join(t)
