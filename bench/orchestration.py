@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from abba import abba
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -154,15 +156,8 @@ def main() -> None:
     local_engine(cfg)  # one engine for both sides, started outside the timings
     direct()  # warm-up: math-verify caches, DuckDB, the engine's prefix cache
     first_flow = as_flow()[0]  # and the flow's one-off registration in this process
-    flow_runs, direct_runs = [], []
     try:
-        for i in range(args.repeats):  # ABBA
-            if i % 2 == 0:
-                flow_runs.append(as_flow())
-                direct_runs.append(direct())
-            else:
-                direct_runs.append(direct())
-                flow_runs.append(as_flow())
+        flow_runs, direct_runs = abba(as_flow, direct, args.repeats)
     finally:
         stop_engine()
     counts = {n for *_, n in flow_runs + direct_runs}

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from abba import abba
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -109,14 +111,7 @@ def main() -> None:
     flow_costs: list[float] = []
     warm = bare()  # warms the engine and its prefix cache for both sides
     thresher()  # starts Prefect's temporary server outside the timed runs
-    bare_runs, thresher_runs = [], []
-    for i in range(args.repeats):  # ABBA: which side goes first alternates, so drift cancels
-        if i % 2 == 0:
-            bare_runs.append(bare())
-            thresher_runs.append(thresher())
-        else:
-            thresher_runs.append(thresher())
-            bare_runs.append(bare())
+    bare_runs, thresher_runs = abba(bare, thresher, args.repeats)
     candidates = len(prompts) * s.k
     bare_t = statistics.median(t for t, _ in bare_runs)
     thr_t = statistics.median(t for t, _ in thresher_runs)
