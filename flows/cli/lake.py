@@ -152,7 +152,8 @@ def sql(
     """
     import duckdb
 
-    from thresher.stores.lake import Lake, LegacyLake
+    from thresher.stores.delta import SnapshotGone
+    from thresher.stores.lake import Lake
     from thresher.stores.maintenance import BadSnapshot, as_of_versions
     from thresher.stores.sql import QueryRefused, run_sql
 
@@ -163,7 +164,7 @@ def sql(
         df = run_sql(lk, query)
     except QueryRefused as e:
         fail(str(e), code=2)
-    except (FileNotFoundError, LegacyLake, BadSnapshot, LookupError) as e:
+    except (FileNotFoundError, BadSnapshot, SnapshotGone) as e:
         fail(str(e))
     except duckdb.Error as e:
         fail(str(e).strip())
@@ -176,12 +177,12 @@ TableOption = Annotated[
 
 
 def _open_lake(lake: str | None):
-    from thresher.stores.lake import Lake, LegacyLake
+    from thresher.stores.lake import Lake
 
     try:
         lk = Lake(lake, create=False)
-        lk.connect().close()  # a clear error for a missing or older lake
-    except (FileNotFoundError, LegacyLake) as e:
+        lk.connect().close()  # a clear error for a missing lake (main: for an older one)
+    except FileNotFoundError as e:
         fail(str(e))
     return lk
 
@@ -285,7 +286,7 @@ def tables(lake: LakeOption = None) -> None:
     lk = Lake(lake, create=False)
     try:
         counts = {name: lk.count(name) for name in (*TABLES, *DERIVED_VIEWS)}
-    except (FileNotFoundError, RuntimeError) as e:
+    except FileNotFoundError as e:
         fail(str(e))
     typer.echo(f"lake: {lk.location}")
     for name, n in counts.items():
