@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 		(apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
 		echo "warning: could not install bubblewrap; code verification will run without a sandbox"
+	@# headless Chromium and its driver: the tests use the audit sheet and the report in a browser
+	@command -v chromedriver >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) ; } || \
+		echo "warning: could not install chromium and chromium-driver; the browser tests will fail"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[$(EXTRA),dev]"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from thresher.evaluators.audit import verifier_quality
 from thresher.evaluators.report import (
     difficulty_by_round,
     eval_by_round,
@@ -22,7 +23,7 @@ from thresher.evaluators.report import (
 from thresher.stores.lake import Lake
 
 # The plots a report may write, in page order.
-PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png")
+PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png", "verifier_quality.png")
 
 # Funnel stages drawn as bars; too_easy and hint_share only when some round has them.
 FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
@@ -67,12 +68,21 @@ def write_report(
             )
         else:
             _plot_tokens(tokens, out / "tokens.png")
+    quality = verifier_quality(lake, name)
+    if quality.is_empty():
+        plots["verifier_quality.png"] = (
+            "No labelled candidates: write a sheet with `thresher audit --round R`, label it, "
+            "then `thresher audit import FILE`."
+        )
+    else:
+        _plot_quality(quality, out / "verifier_quality.png")
     for file, note in plots.items():
         if note:  # a skipped plot: no stale picture from an earlier report
             (out / file).unlink(missing_ok=True)
 
     page = out / "index.html"
-    page.write_text(_page(lake, name, round_table(lake, name), funnel, plots, out), "utf-8")
+    audits = _audit_section(lake, name, quality)
+    page.write_text(_page(lake, name, round_table(lake, name), funnel, plots, out, audits), "utf-8")
     return page
 
 
@@ -199,6 +209,91 @@ def _plot_tokens(tokens: pl.DataFrame, path: Path) -> None:
     fig.savefig(path)
 
 
+def _plot_quality(quality: pl.DataFrame, path: Path) -> None:
+    fig = _figure(10.0, 4.0)
+    panels = fig.subplots(1, 2, sharey=True)
+    verifiers = quality["verifier"].unique(maintain_order=True).to_list()
+    rounds = sorted(quality["round"].unique().to_list())
+    for ax, rate, title in (
+        (panels[0], "false_pass_rate", "False-pass rate (passed, labelled incorrect)"),
+        (panels[1], "false_fail_rate", "False-fail rate (failed, labelled correct)"),
+    ):
+        for i, v in enumerate(verifiers):
+            rows = quality.filter((pl.col("verifier") == v) & pl.col(rate).is_not_null())
+            if rows.is_empty():
+                continue
+            xs = [r + 0.06 * (i - (len(verifiers) - 1) / 2) for r in rows["round"]]
+            ys = rows[rate].to_list()
+            low = [y - lo for y, lo in zip(ys, rows[f"{rate}_low"], strict=True)]
+            high = [hi - y for y, hi in zip(ys, rows[f"{rate}_high"], strict=True)]
+            ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=v)
+        ax.set_ylim(0, 1)
+        ax.set_title(title, fontsize="medium")
+        _round_axis(ax, rounds)
+    panels[0].set_ylabel("rate (95 % interval)")
+    panels[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path)
+
+
+def _with_interval(df: pl.DataFrame, rate: str) -> pl.Expr:
+    """`0.123 [0.05, 0.25]`, or – when the rate is unmeasured."""
+    return (
+        pl.when(pl.col(rate).is_null())
+        .then(pl.lit("–"))
+        .otherwise(
+            pl.format(
+                "{} [{}, {}]",
+                *(pl.col(c).round(3) for c in (rate, f"{rate}_low", f"{rate}_high")),
+            )
+        )
+        .alias(rate)
+    )
+
+
+def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[str]:
+    """The verifier-quality tables: labelled rates per round and verifier, disagreement
+    between verifiers, and how often the majority's pseudo-label was right."""
+    from thresher.evaluators.audit import verifier_disagreement
+    from thresher.evaluators.pseudo_labels import majority_accuracy
+
+    parts = [
+        "<h2>Verifier quality</h2>",
+        "<p>Per round and verifier, on candidates labelled in audits (<code>thresher "
+        "audit</code>): false-pass rate = passed among those labelled incorrect, false-fail "
+        "rate = failed among those labelled correct, with 95 % Wilson intervals. "
+        "<code>rule</code> is the pipeline's selection rule (what decided the training "
+        "data). Audit sheets over-sample rare cases, so these are rates among audited "
+        "candidates.</p>",
+    ]
+    if quality.is_empty():
+        parts.append('<p class="note">No labelled candidates yet.</p>')
+    else:
+        rates = ("false_pass_rate", "false_fail_rate", "precision", "recall")
+        shown = quality.select(
+            "pipeline",
+            "round",
+            "verifier",
+            "labelled",
+            *(_with_interval(quality, r) for r in rates),
+        )
+        if name is not None:
+            shown = shown.drop("pipeline")
+        parts.append(_html_table(shown))
+    disagreement = verifier_disagreement(lake, name)
+    if not disagreement.is_empty():
+        parts.append("<h3>Verifiers disagreeing on the same candidates</h3>")
+        parts.append(_html_table(disagreement.drop("pipeline") if name else disagreement))
+    majority = majority_accuracy(lake, name)
+    if not majority.is_empty():
+        parts.append("<h3>Majority pseudo-labels against references</h3>")
+        parts.append(
+            "<p>Prompts whose <code>majority</code> verdicts name a pseudo-label; where a "
+            "reference exists, how often the majority answer was it (95 % interval).</p>"
+        )
+        parts.append(_html_table(majority))
+    return parts
+
+
 # -- the page -------------------------------------------------------------------------
 
 
@@ -211,18 +306,26 @@ def _cell(value) -> str:
 
 
 def _html_table(df: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    # a long column name may break after its underscores; a table wider than the page
+    # scrolls inside its own box instead of being cut at the page's edge
+    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in df.columns)
     rows = "".join(
         "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in df.iter_rows()
     )
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>{rows}</tbody>\n</table>"
+    return (
+        f'<div class="table"><table>\n<thead><tr>{head}</tr></thead>\n'
+        f"<tbody>{rows}</tbody>\n</table></div>"
+    )
 
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th { background: #f3f3f3; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 72em;
+       color: #222; }
+.table { overflow-x: auto; max-width: 100%; }
+table { border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums;
+        font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.45em; text-align: right; }
+th { background: #f3f3f3; vertical-align: bottom; }
 img { max-width: 100%; display: block; margin: 1em 0; }
 .note { color: #666; font-style: italic; }
 code { background: #f3f3f3; padding: 0 0.2em; }
@@ -233,6 +336,7 @@ PLOT_TITLES = {
     "funnel.png": "Curation funnel",
     "pass_rates.png": "Per-prompt pass rates",
     "tokens.png": "Tokens per candidate",
+    "verifier_quality.png": "Verifier quality per round",
 }
 
 
@@ -243,6 +347,7 @@ def _page(
     funnel: pl.DataFrame,
     plots: dict[str, str],
     out: Path,
+    audits: list[str] | None = None,
 ) -> str:
     title = "thresher report" + (f": {name}" if name is not None else "")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -264,6 +369,8 @@ def _page(
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
     ]
     for file, note in plots.items():
+        if file == "verifier_quality.png":
+            parts += audits or []
         parts.append(f"<h2>{html.escape(PLOT_TITLES[file])}</h2>")
         if note:
             parts.append(f'<p class="note">{html.escape(note)}</p>')

@@ -57,6 +57,7 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
     from thresher.flows.curate import curate_flow, deployment_cleanup, stop_engine
     from thresher.flows.evaluate import eval_flow
+    from thresher.flows.gates import reward_model_check
     from thresher.flows.train import train_flow
     from thresher.stores.runs import tracked_run
 
@@ -64,67 +65,104 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
     lake = Lake(lake_root)
     run_id = bootstrap_run_id(cfg)
     run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=config)
-    with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
-        if cfg.train.output == "adapter":
-            raise ValueError(
-                "bootstrap samples with each round's model: train.output must be merged or both"
-            )
-        rounds: list[dict[str, Any]] = []
-        first = eval_flow(cfg.eval_config(0, cfg.base_model).model_dump(), lake_root, progress)
-        best = _pass1(first["metrics"])
-        _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
-        history = [{"round": 0, "metrics": first["metrics"]}]
-        stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
-        for r in range(cfg.max_rounds):
-            model = model_path(lake, cfg, r)
-            curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
-            _say(
-                f"round {r}: {curated['prompts']} prompts sampled "
-                f"({curated['skipped_solved']} skipped as solved), "
-                f"{curated['candidates']} candidates, {curated['passed']} passed, "
-                f"kept {curated['kept']}"
-            )
-            stop_engine()  # training wants the device, its memory and the cores
-            trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
-            if trained.get("already_trained"):
-                _say(f"round {r}: model {r + 1} already trained ({trained['model_dir']})")
-            evaluated = eval_flow(
-                cfg.eval_config(r + 1, trained["model_dir"]).model_dump(), lake_root, progress
-            )
-            pass1 = _pass1(evaluated["metrics"])
-            gain = pass1 - best
-            _say(f"model {r + 1}: {_metrics_line(evaluated['metrics'])} (gain {gain:+.3f})")
-            rounds.append(
-                {
-                    "round": r,
-                    "curate": {
-                        k: curated.get(k)
-                        for k in (
-                            "run_id",
-                            "candidates",
-                            "passed",
-                            "kept",
-                            "sampled_now",
-                            "skipped_solved",
-                        )
-                    },
-                    "train": {
-                        k: trained.get(k)
-                        for k in ("run_id", "rows", "steps", "final_loss", "model_dir")
-                    },
-                }
-            )
-            history.append({"round": r + 1, "metrics": evaluated["metrics"]})
-            best = max(best, pass1)
-            stale = stale + 1 if gain < cfg.min_gain else 0
-            if stale >= cfg.patience:
-                stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
-                break
-        stop_engine()
-        summary.update(run_id=run_id, rounds=rounds, evals=history, stopped=stop)
-        _say(f"stopped: {stop}")
-        publish_bootstrap(cfg, lake, stop)
+    try:
+        with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
+            if cfg.train.output == "adapter":
+                raise ValueError(
+                    "bootstrap samples with each round's model: train.output must be merged or both"
+                )
+            # each round's curate checks its reward model; checking here refuses before model 0's
+            # evaluation samples anything
+            reward_model_check(lake, cfg.curate_config(0, cfg.base_model))
+            rounds: list[dict[str, Any]] = []
+            first = eval_flow(cfg.eval_config(0, cfg.base_model).model_dump(), lake_root, progress)
+            best = _pass1(first["metrics"])
+            _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
+            history = [{"round": 0, "metrics": first["metrics"]}]
+            stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
+            for r in range(cfg.max_rounds):
+                model = model_path(lake, cfg, r)
+                curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
+                _say(
+                    f"round {r}: {curated['prompts']} prompts sampled "
+                    f"({curated['skipped_solved']} skipped as solved), "
+                    f"{curated['candidates']} candidates, {curated['passed']} passed, "
+                    f"kept {curated['kept']}"
+                )
+                if cfg.audit is not None:
+                    audit_gate(lake, cfg, r)
+                stop_engine()  # training wants the device, its memory and the cores
+                trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
+                if trained.get("already_trained"):
+                    _say(f"round {r}: model {r + 1} already trained ({trained['model_dir']})")
+                evaluated = eval_flow(
+                    cfg.eval_config(r + 1, trained["model_dir"]).model_dump(), lake_root, progress
+                )
+                pass1 = _pass1(evaluated["metrics"])
+                gain = pass1 - best
+                _say(f"model {r + 1}: {_metrics_line(evaluated['metrics'])} (gain {gain:+.3f})")
+                rounds.append(
+                    {
+                        "round": r,
+                        "curate": {
+                            k: curated.get(k)
+                            for k in (
+                                "run_id",
+                                "candidates",
+                                "passed",
+                                "kept",
+                                "sampled_now",
+                                "skipped_solved",
+                            )
+                        },
+                        "train": {
+                            k: trained.get(k)
+                            for k in ("run_id", "rows", "steps", "final_loss", "model_dir")
+                        },
+                    }
+                )
+                history.append({"round": r + 1, "metrics": evaluated["metrics"]})
+                best = max(best, pass1)
+                stale = stale + 1 if gain < cfg.min_gain else 0
+                if stale >= cfg.patience:
+                    stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
+                    break
+            stop_engine()
+            summary.update(run_id=run_id, rounds=rounds, evals=history, stopped=stop)
+            _say(f"stopped: {stop}")
+            publish_bootstrap(cfg, lake, stop)
+    except AuditGateFailed as e:
+        # an expected stop: the run ends Failed with the reason, without a traceback
+        from prefect.states import Failed
+
+        return Failed(message=str(e), data=e)
     return summary
+
+
+class AuditGateFailed(ValueError):
+    """A round's labelled false-pass rate is over the configured gate (or unmeasured)."""
+
+
+def audit_gate(lake: Lake, cfg: BootstrapConfig, round_: int) -> None:
+    """Raise AuditGateFailed, after writing an audit sheet of the round, unless the round's
+    labelled false-pass rate holds (config `audit`)."""
+    from thresher.evaluators.audit import check_round, write_sheet
+
+    gate = cfg.audit
+    result = check_round(
+        lake, cfg.name, round_, gate.max_false_pass, gate.min_labels, gate.verifiers
+    )
+    for line in result.lines:
+        _say(f"round {round_} audit: {line}")
+    if result.passed:
+        return
+    sheet = write_sheet(lake, round_, lake.local_dir("audits"), cfg.name, gate.sheet_size)
+    raise AuditGateFailed(
+        f"round {round_} of {cfg.name} stopped at the audit gate before training: "
+        + "; ".join(result.lines)
+        + f". Label {sheet.html} (or {sheet.csv}), run `thresher audit import FILE`, fix "
+        "the verifier if it is wrong, then run the bootstrap again: finished steps are reused"
+    )
 
 
 def publish_bootstrap(cfg: BootstrapConfig, lake: Lake, stop: str) -> None:

@@ -171,7 +171,7 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
     the same options has not scored them yet; returns verdicts written."""
     import polars as pl
 
-    from thresher.stores.queries import candidates_to_verify
+    from thresher.stores.queries import candidates_to_verify, prompts_to_verify
     from thresher.verifiers import get_verifier, runner_for, traits
 
     lake = Lake(lake_root)
@@ -180,7 +180,11 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
     v = cfg.verify
     digests = verifier_digests(cfg)
     for name in v.all_names():
-        todo = candidates_to_verify(lake, candidate_ids, name, digests[name])
+        # a verifier that judges a prompt's candidates together sees all of the batch's
+        # (a prompt's candidates are all in one batch); only the missing verdicts are kept
+        groups = traits(name)["groups"]
+        find = prompts_to_verify if groups else candidates_to_verify
+        todo = find(lake, candidate_ids, name, digests[name])
         tasks = [t for t in todo["task"].unique().to_list() if name in v.for_task(t)]
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
@@ -190,8 +194,13 @@ def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
 
             with gpu_slot(name):  # a model on the accelerator: scored here, one at a time
                 verdicts = get_verifier(name, v.options.get(name)).run(todo)
+        elif groups:  # here, whole prompts at once (the Ray runner splits rows into chunks)
+            verdicts = get_verifier(name, v.options.get(name)).run(todo)
         else:
             verdicts = run_verifier(name, v.options.get(name), todo)
+        if groups:
+            missing = todo.filter(pl.col("missing"))["candidate_id"].to_list()
+            verdicts = verdicts.filter(pl.col("candidate_id").is_in(missing))
         written += write_verdicts(lake, verdicts, digests[name], run_id)
     return written
 
@@ -324,6 +333,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     """Sample, verify and select one round for the prompts the config names."""
     from tqdm.auto import tqdm
 
+    from thresher.flows.gates import reward_model_check
     from thresher.samplers.engines import run_stats
     from thresher.stores.queries import run_summary
     from thresher.stores.runs import tracked_run
@@ -336,6 +346,9 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         deployment_cleanup(),
         tracked_run(lake, run_id, selection_id=selection_id, **run) as summary,
     ):
+        rm_check = reward_model_check(lake, cfg)  # before sampling: a bad RM refuses the run
+        if rm_check is not None:
+            summary["reward_model_check"] = rm_check
         rows = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, rows)
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
@@ -414,7 +427,9 @@ def changes_since_last_run(lake: Lake, cfg: CurateConfig, run_id: str) -> list[s
     before = previous_run(lake, "curate", cfg.name, cfg.round, run_id)
     if before is None:
         return None
-    return config_changes(before["config"], cfg.model_dump(exclude=OPERATIONAL))
+    from thresher.flows.identities import without_gates
+
+    return config_changes(before["config"], cfg.model_dump(exclude=without_gates(OPERATIONAL)))
 
 
 def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:

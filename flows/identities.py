@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
+from thresher.config import (
+    GATE_SETTINGS,
+    BootstrapConfig,
+    CurateConfig,
+    EvalConfig,
+    TrainConfig,
+)
 from thresher.ids import content_id
 
 
@@ -25,9 +31,15 @@ def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
 OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray", "compact"}
 
 
+def without_gates(names: set[str]) -> dict[str, Any]:
+    """model_dump's `exclude` for these top-level fields and the gate settings
+    (config.GATE_SETTINGS: they decide whether a run may go on, not what it makes)."""
+    return {**dict.fromkeys(names, True), **GATE_SETTINGS}
+
+
 def run_id_for(cfg: CurateConfig) -> str:
     """Same pipeline settings, same run: re-running resumes it."""
-    return content_id("curate", cfg.model_dump(exclude=OPERATIONAL))
+    return content_id("curate", cfg.model_dump(exclude=without_gates(OPERATIONAL)))
 
 
 def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
@@ -51,7 +63,7 @@ def selection_id_for(cfg: CurateConfig) -> str:
         cfg.sampling.model_dump(),
         cfg.difficulty.model_dump(),
         cfg.rationalize.model_dump(),
-        cfg.select.model_dump(),
+        cfg.select.model_dump(exclude=GATE_SETTINGS["select"]),
         {"verifiers": v.verifiers, "by_task": v.by_task, "rule": v.rule},
         verifier_digests(cfg),
     )
@@ -109,8 +121,10 @@ def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
 
 
 def bootstrap_run_id(cfg: BootstrapConfig) -> str:
-    """The stop rules are not part of the run: raising max_rounds continues it."""
+    """The stop rules and the audit gate are not part of the run: raising max_rounds
+    continues it, and a round stopped at the gate resumes once it passes."""
+    stops = {"max_rounds", "min_gain", "patience", "audit"}
     return content_id(
         "bootstrap",
-        cfg.model_dump(exclude=OPERATIONAL | {"max_rounds", "min_gain", "patience"}),
+        cfg.model_dump(exclude=without_gates(OPERATIONAL | stops)),
     )

@@ -100,6 +100,13 @@ def get_engine(
     return llm
 
 
+def running_engine() -> tuple[str, Any] | None:
+    """(the model it serves, the engine) for the process's engine, or None when none is up."""
+    if _ENGINE["llm"] is None:
+        return None
+    return json.loads(_ENGINE["key"])[0], _ENGINE["llm"]
+
+
 def shutdown_engine() -> None:
     """Stop the process's engine, if one is running."""
     llm = _ENGINE["llm"]

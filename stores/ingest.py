@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from thresher.stores.lake import Lake, content_id, now
+from thresher.stores.tables import reject_row, write_rejects
 
 FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
 SPLITS = ("train", "eval")
@@ -393,17 +394,7 @@ def ingest(
     def reject(row: RawRow, reason: str) -> None:
         report.rejected += 1
         report.reasons[reason.split(":")[0]] += 1
-        rejects.append(
-            {
-                "reject_id": content_id(source, row.line, row.raw, reason),
-                "source": source,
-                "line": row.line,
-                "dataset": dataset,
-                "raw": row.raw,
-                "reason": reason,
-                "rejected_at": stamp,
-            }
-        )
+        rejects.append(reject_row(source, row.line, row.raw, reason, dataset))
 
     for row in iter_source(path, fmt, split):
         report.read += 1
@@ -449,7 +440,7 @@ def ingest(
         else:
             report.already_present += 1
     report.ingested = lake.append("prompts", fresh)
-    lake.append("rejects", rejects)
+    write_rejects(lake, rejects)
     return report
 
 

@@ -92,6 +92,64 @@ ROUND_FUNNEL_SQL = f"""
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         GROUP BY s.round ORDER BY s.round"""
 
+# CTEs: the current selections' candidates with the latest verdict of each verifier
+# their pipeline's run used (every verifier's, for a selection written outside a run).
+SELECTION_VERDICTS_SQL = """
+latest AS (
+    SELECT * FROM verdicts QUALIFY row_number() OVER (
+        PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1),
+used AS (
+    SELECT DISTINCT selection_id, unnest(list_concat(
+        json_extract_string(config, '$.verify.verifiers[*]'),
+        coalesce(json_extract_string(config, '$.verify.by_task.*[*]'), []))) AS verifier
+    FROM runs WHERE flow = 'curate' AND selection_id IS NOT NULL),
+sel_verdicts AS (
+    SELECT s.pipeline, s.round, s.selection_id, v.candidate_id, v.verifier, v.passed,
+           v.reason
+    FROM current_selections s JOIN latest v USING (candidate_id)
+    WHERE v.verifier IN (SELECT u.verifier FROM used u WHERE u.selection_id = s.selection_id)
+       OR NOT EXISTS (SELECT 1 FROM used u WHERE u.selection_id = s.selection_id))"""
+
+# Per pipeline, round and verifier (and `rule`, the selection rule): labelled candidates
+# and how the verdicts stand against the labels (a candidate's label is its latest).
+VERIFIER_QUALITY_SQL = f"""
+WITH {SELECTION_VERDICTS_SQL},
+lab AS (
+    SELECT candidate_id, label = 'correct' AS correct FROM labels
+    QUALIFY row_number() OVER (
+        PARTITION BY candidate_id ORDER BY labelled_at DESC, imported_at DESC, label_id) = 1),
+judged AS (
+    SELECT v.pipeline, v.round, v.verifier, v.passed, lab.correct
+    FROM sel_verdicts v JOIN lab USING (candidate_id)
+    UNION ALL
+    SELECT s.pipeline, s.round, 'rule' AS verifier,
+           s.drop_reason IS DISTINCT FROM 'failed' AS passed, lab.correct
+    FROM current_selections s JOIN lab USING (candidate_id))
+SELECT pipeline, round, verifier, count(*) AS labelled,
+       count(*) FILTER (WHERE passed AND correct) AS true_pass,
+       count(*) FILTER (WHERE passed AND NOT correct) AS false_pass,
+       count(*) FILTER (WHERE NOT passed AND NOT correct) AS true_fail,
+       count(*) FILTER (WHERE NOT passed AND correct) AS false_fail,
+       round(false_pass / nullif(false_pass + true_fail, 0), 4) AS false_pass_rate,
+       round(false_fail / nullif(false_fail + true_pass, 0), 4) AS false_fail_rate,
+       round(true_pass / nullif(true_pass + false_pass, 0), 4) AS precision,
+       round(true_pass / nullif(true_pass + false_fail, 0), 4) AS recall
+FROM judged GROUP BY pipeline, round, verifier
+ORDER BY pipeline, round, verifier = 'rule', verifier"""
+
+# Per pipeline, round and pair of its verifiers: how often they disagree on the same
+# candidates (no labels needed).
+VERIFIER_DISAGREEMENT_SQL = f"""
+WITH {SELECTION_VERDICTS_SQL}
+SELECT a.pipeline, a.round, a.verifier AS verifier_a, b.verifier AS verifier_b,
+       count(*) AS candidates,
+       count(*) FILTER (WHERE a.passed <> b.passed) AS disagree,
+       round(avg((a.passed <> b.passed)::INT), 4) AS disagreement_rate
+FROM sel_verdicts a JOIN sel_verdicts b ON a.candidate_id = b.candidate_id
+    AND a.round = b.round AND a.pipeline IS NOT DISTINCT FROM b.pipeline
+    AND a.verifier < b.verifier
+GROUP BY ALL ORDER BY a.pipeline, a.round, verifier_a, verifier_b"""
+
 # Views built on the base tables: the everyday questions, answered in SQL.
 DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
@@ -130,6 +188,10 @@ DERIVED_VIEWS = {
     "difficulty_by_round": DIFFICULTY_BY_ROUND_SQL.format(difficulty="prompt_difficulty"),
     # One row per curated round: how many candidates each stage let through.
     "round_funnel": ROUND_FUNNEL_SQL.format(selections="current_selections"),
+    # Labelled audits against verdicts, per pipeline, round and verifier (`rule`: the
+    # selection rule); and how often verifiers disagree on the same candidates.
+    "verifier_quality": VERIFIER_QUALITY_SQL,
+    "verifier_disagreement": VERIFIER_DISAGREEMENT_SQL,
 }
 
 
@@ -176,7 +238,7 @@ class LegacyLake(RuntimeError):
 
 # Tables whose rows are few (prompts are few next to their candidates): an append also
 # skips rows whose key is in the table already. Other tables skip a batch by its id.
-ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals"})
+ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals", "labels"})
 SCHEMA_DIR = "_schemas"
 
 

@@ -122,6 +122,32 @@ def candidates_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, di
         con.close()
 
 
+def prompts_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, digest: str):
+    """Every one of these candidates, joined with its prompt, of the prompts where `verifier`
+    with these options (its digest) has not scored some of them (for a verifier that judges
+    a prompt's candidates together); `missing` marks the unscored ones."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        return con.sql(
+            """WITH batch AS (
+                   SELECT c.*, NOT EXISTS (SELECT 1 FROM verdicts v
+                                           WHERE v.candidate_id = c.candidate_id
+                                             AND v.verifier = ? AND v.options_digest = ?)
+                               AS missing
+                   FROM candidates c JOIN cands USING (candidate_id))
+               SELECT b.candidate_id, b.prompt_id, b.text, b.finish_reason, b.n_tokens,
+                      coalesce(b.hinted, false) AS hinted, b.missing,
+                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
+               FROM batch b JOIN prompts p USING (prompt_id)
+               WHERE b.prompt_id IN (SELECT prompt_id FROM batch WHERE missing)
+               ORDER BY b.prompt_id, hinted, b.sample_idx""",
+            params=[verifier, digest],
+        ).pl()
+    finally:
+        con.close()
+
+
 # What selection decides on: each candidate with its prompt, whether the rule holds over
 # the verdicts read, and a score (the ranking verifiers', else the mean).
 SELECTION_INPUTS_SQL = """

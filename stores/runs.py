@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from thresher.stores.lake import Lake, now
@@ -117,3 +117,19 @@ def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         for key, value in sorted(new.items())
         if old.get(key) != value
     ]
+
+
+def latest_rm_check(lake: Lake, model: str) -> dict[str, Any] | None:
+    """The latest completed `rm-check` of reward model `model` (as the runs table records
+    it): its summary (pairs, accuracy, low, high, ...) with run_id and checked_at, or None."""
+    rows = lake.query(
+        """SELECT run_id, summary, finished_at FROM runs
+           WHERE flow = 'rm-check' AND model = ? AND status = 'completed'
+           ORDER BY finished_at DESC LIMIT 1""",
+        [model],
+    ).to_dicts()
+    if not rows:
+        return None
+    row = rows[0]
+    checked_at = row["finished_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return {**json.loads(row["summary"] or "{}"), "run_id": row["run_id"], "checked_at": checked_at}

@@ -120,6 +120,22 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
         ]
     ),
+    # Human judgements of candidates (`thresher audit import`): the truth verifiers are
+    # measured against. A candidate's label is its latest one.
+    "labels": pa.schema(
+        [
+            ("label_id", pa.string()),  # digest of candidate, who, label and note
+            ("candidate_id", pa.string()),
+            ("label", pa.string()),  # correct | incorrect
+            ("who", pa.string()),
+            ("note", pa.string()),
+            ("sheet_id", pa.string()),  # the audit sheet the label came from, if any
+            ("source", pa.string()),  # the imported file
+            ("line", pa.int64()),
+            ("labelled_at", TS),
+            ("imported_at", TS),
+        ]
+    ),
 }
 
 # Columns that identify a row: appending a row whose key is already present adds nothing.
@@ -135,6 +151,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "selections": ("selection_id", "candidate_id"),
     "train_metrics": ("run_id", "step"),
     "evals": ("run_id", "task", "metric"),
+    "labels": ("label_id",),
 }
 
 TABLES = tuple(SCHEMAS)

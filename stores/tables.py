@@ -1,4 +1,4 @@
-"""The one place each stage table is written from (prompts and rejects: `ingest`; runs: `runs`).
+"""The one place each stage table is written from (prompts: `ingest`; runs: `runs`).
 
 Every writer takes plain rows or a frame from the stage that made them and adds the
 columns that say which run wrote them and when; the lake skips rows whose key is there.
@@ -69,3 +69,29 @@ def write_train_metrics(lake: Lake, run_id: str, rows: list[dict]) -> int:
     return lake.append(
         "train_metrics", [{**r, "run_id": run_id, "created_at": stamp} for r in rows]
     )
+
+
+def reject_row(source: str, line: int, raw: str, reason: str, dataset: str | None) -> dict:
+    """A `rejects` row: the input row as read, where it was, and why it was refused."""
+    from thresher.ids import content_id
+
+    return {
+        "reject_id": content_id(source, line, raw, reason),
+        "source": source,
+        "line": line,
+        "dataset": dataset,
+        "raw": raw,
+        "reason": reason,
+        "rejected_at": now(),
+    }
+
+
+def write_rejects(lake: Lake, rows: list[dict]) -> int:
+    """Append malformed input rows, each with the reason it was refused."""
+    return lake.append("rejects", rows)
+
+
+def write_labels(lake: Lake, rows: list[dict]) -> int:
+    """Append human labels of candidates (a label already in the lake adds nothing)."""
+    stamp = now()
+    return lake.append("labels", [{**r, "imported_at": stamp} for r in rows])

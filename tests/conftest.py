@@ -75,3 +75,51 @@ def tiny_model() -> Path:
         tiny.make_tiny_model(tmp, train_steps=steps)
         tmp.rename(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tiny_model, tmp_path_factory) -> str:
+    """A tiny randomly initialised Llama reward model (one score per text) with the tiny
+    model's tokenizer, saved once per session."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    """Headless Chromium (Debian's chromium and chromium-driver) driven by Selenium, with
+    downloads going to `browser.download_dir`."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    downloads = tmp_path_factory.mktemp("downloads")
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--hide-scrollbars"):  # fmt: skip
+        options.add_argument(arg)
+    options.binary_location = "/usr/bin/chromium"
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    driver.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
+    )
+    driver.download_dir = downloads
+    yield driver
+    driver.quit()

@@ -135,6 +135,30 @@ def _eval(lake, name: str, round_: int, values: tuple[float, float], at: datetim
     lake.append("runs", [_run(run_id, "evaluate", round_, name)])
 
 
+def _audit(lake, name: str, round_: int, wrong: set[str]) -> None:
+    """A `math` verdict (passed = not dropped as failed) and a label (correct = passed,
+    except the candidates in `wrong`) for every candidate of one curate run."""
+    run_id = f"{name}-curate-{round_}"
+    rows = lake.query(
+        "SELECT candidate_id, drop_reason FROM selections WHERE run_id = ?", [run_id]
+    ).rows()
+    verdicts, labels = [], []
+    for cid, reason in rows:
+        passed = reason != FAIL
+        verdicts.append({"candidate_id": cid, "verifier": "math", "options_digest": "d",
+                         "score": float(passed), "passed": passed, "reason": "r",
+                         "created_at": T0})  # fmt: skip
+        label = "correct" if passed != (cid in wrong) else "incorrect"
+        labels.append({"label_id": cid, "candidate_id": cid, "who": "ana", "label": label,
+                       "labelled_at": T0})  # fmt: skip
+    lake.append("verdicts", verdicts)
+    lake.append("labels", labels)
+
+
+# Labelled wrongly by `math` in alpha's round 0: a pass that is wrong, a fail that is right.
+ALPHA_WRONG = {"alpha-curate-0-p0-0", "alpha-curate-0-p1-0"}
+
+
 @pytest.fixture
 def rounds_lake(lake):
     """Pipeline alpha: 3 curated rounds and evals of models 0..3; pipeline beta: one round."""
@@ -159,6 +183,8 @@ def rounds_lake(lake):
         ],
     )  # fmt: skip
     # another pipeline in the same lake: round 0 only, all failed, evaluated later
+    _audit(lake, "alpha", 0, ALPHA_WRONG)
+    _audit(lake, "alpha", 1, set())
     _curate(lake, "beta", 0, {"p0": [FAIL] * 4})
     _eval(lake, "beta", 0, (0.9, 0.95), T0 + timedelta(days=2))
     return lake
@@ -369,3 +395,43 @@ def test_report_loads_only_what_it_needs(rounds_lake, tmp_path):
     assert "--name" in res.stdout and mods == []
     res, mods = loaded("report", "--lake", str(rounds_lake.root))
     assert "wrote" in res.stdout and mods == ["matplotlib"]
+
+
+def test_verifier_quality_per_round_against_a_hand_count(rounds_lake, tmp_path):
+    from thresher.evaluators.audit import verifier_quality
+
+    # round 0: 17 candidates, 7 passed; one pass labelled incorrect, one fail labelled correct
+    q = verifier_quality(rounds_lake, "alpha")
+    for verifier in ("math", "rule"):
+        row = q.filter((q["verifier"] == verifier) & (q["round"] == 0)).row(0, named=True)
+        assert (row["true_pass"], row["false_pass"], row["true_fail"], row["false_fail"]) == (
+            6, 1, 9, 1)  # fmt: skip
+        assert row["false_pass_rate"] == 0.1 and row["false_fail_rate"] == round(1 / 7, 4)
+        assert row["false_pass_rate_low"] < 0.1 < row["false_pass_rate_high"] < 0.5
+    one = q.filter(q["round"] == 1).row(0, named=True)
+    assert one["false_pass"] == one["false_fail"] == 0 and one["precision"] == 1.0
+    assert set(q["round"]) == {0, 1}  # round 2 has no labels
+    text = write_report(rounds_lake, tmp_path / "out", name="alpha").read_text()
+    assert "<h2>Verifier quality</h2>" in text and "<td>0.1 [0.018, 0.404]</td>" in text
+    _assert_png(tmp_path / "out" / "verifier_quality.png")
+
+
+def test_the_page_fits_the_window_in_a_browser(rounds_lake, tmp_path, browser):
+    page = write_report(rounds_lake, tmp_path / "out", name="alpha")
+    browser.set_window_size(1000, 900)
+    browser.get(page.as_uri())
+    width = browser.execute_script("return document.documentElement.clientWidth")
+    # nothing sticks out of the page: no table or plot is cut at the right edge
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+    rights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('table, img'))"
+        ".map(e => e.getBoundingClientRect().right)"
+    )
+    assert len(rights) >= 3 + len(PLOTS) and max(rights) <= width
+    images = browser.execute_script(
+        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth])"
+    )
+    assert len(images) == len(PLOTS) and all(done and w > 0 for done, w in images)
+    shot = tmp_path / "report.png"
+    assert browser.save_screenshot(str(shot))
+    _assert_png(shot)

@@ -1,4 +1,4 @@
-"""The reward-model verifier with a tiny randomly initialised model saved by the test."""
+"""The reward-model verifier with a tiny randomly initialised model (`tiny_reward_model`)."""
 
 import gc
 import weakref
@@ -8,29 +8,6 @@ import pytest
 
 from thresher.verifiers import reward
 from thresher.verifiers.reward import RewardModel
-
-
-@pytest.fixture(scope="module")
-def reward_model(tiny_model, tmp_path_factory):
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    out = tmp_path_factory.mktemp("rm") / "tiny-rm"
-    LlamaForSequenceClassification(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
 
 
 def batch():
@@ -52,25 +29,25 @@ def batch():
     )
 
 
-def test_scores_do_not_depend_on_batching(reward_model):
+def test_scores_do_not_depend_on_batching(tiny_reward_model):
     rows = batch().to_dicts()
-    together = RewardModel(reward_model, batch_size=8).scores(rows)
-    alone = [RewardModel(reward_model, batch_size=1).scores([r])[0] for r in rows]
+    together = RewardModel(tiny_reward_model, batch_size=8).scores(rows)
+    alone = [RewardModel(tiny_reward_model, batch_size=1).scores([r])[0] for r in rows]
     assert together == pytest.approx(alone, abs=1e-4)
     assert len(set(round(s, 6) for s in together)) > 1
 
 
-def test_threshold_and_top_n(reward_model):
-    scores = RewardModel(reward_model).scores(batch().to_dicts())
+def test_threshold_and_top_n(tiny_reward_model):
+    scores = RewardModel(tiny_reward_model).scores(batch().to_dicts())
     cut = sorted(scores)[2]
-    out = RewardModel(reward_model, threshold=cut).run(batch())
+    out = RewardModel(tiny_reward_model, threshold=cut).run(batch())
     assert out["passed"].to_list() == [s >= cut for s in scores]
     assert out["score"].to_list() == pytest.approx(scores)
-    top = RewardModel(reward_model, top_n=1).run(batch())
+    top = RewardModel(tiny_reward_model, top_n=1).run(batch())
     per_prompt = top.with_columns(p=batch()["prompt_id"]).group_by("p").agg(pl.col("passed").sum())
     assert sorted(per_prompt["passed"].to_list()) == [1, 1]
     with pytest.raises(ValueError, match="not both"):
-        RewardModel(reward_model, threshold=0.0, top_n=1)
+        RewardModel(tiny_reward_model, threshold=0.0, top_n=1)
 
 
 def live_reward_models(path: str) -> list:
@@ -85,30 +62,30 @@ def live_reward_models(path: str) -> list:
     ]
 
 
-def test_run_frees_the_model_when_it_is_done(reward_model):
-    RewardModel(reward_model).run(batch())
-    assert reward.loaded() == [] and live_reward_models(reward_model) == []
-    RewardModel(reward_model).scores(batch().to_dicts())
-    assert reward.loaded() == [] and live_reward_models(reward_model) == []
+def test_run_frees_the_model_when_it_is_done(tiny_reward_model):
+    RewardModel(tiny_reward_model).run(batch())
+    assert reward.loaded() == [] and live_reward_models(tiny_reward_model) == []
+    RewardModel(tiny_reward_model).scores(batch().to_dicts())
+    assert reward.loaded() == [] and live_reward_models(tiny_reward_model) == []
 
 
-def test_a_failed_run_frees_the_model_too(reward_model):
+def test_a_failed_run_frees_the_model_too(tiny_reward_model):
     bad = batch().drop("text")
     with pytest.raises(KeyError) as failure:
-        RewardModel(reward_model).run(bad)
+        RewardModel(tiny_reward_model).run(bad)
     # the error is still held (as a retried task's state holds it) yet the model is gone
     assert failure.value.__traceback__ is not None
-    assert reward.loaded() == [] and live_reward_models(reward_model) == []
+    assert reward.loaded() == [] and live_reward_models(tiny_reward_model) == []
 
 
-def test_keep_holds_the_model_until_release(reward_model):
-    verifier = RewardModel(reward_model)
+def test_keep_holds_the_model_until_release(tiny_reward_model):
+    verifier = RewardModel(tiny_reward_model)
     first = verifier.run(batch(), keep=True)
-    [model] = live_reward_models(reward_model)
+    [model] = live_reward_models(tiny_reward_model)
     ref = weakref.ref(model)
     del model
     again = verifier.run(batch(), keep=True)  # scored by the same loaded model
-    assert live_reward_models(reward_model) == [ref()]
+    assert live_reward_models(tiny_reward_model) == [ref()]
     assert again["score"].to_list() == first["score"].to_list()
     reward.release()
     gc.collect()

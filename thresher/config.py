@@ -208,6 +208,24 @@ class SelectConfig(_Strict):
         None, ge=0, le=1, description="drop prompts solved more often than this (too easy)"
     )
     decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
+    min_pairwise_accuracy: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="a pipeline using the `reward` verifier runs only when its reward model's "
+        "latest `thresher rm-check` measured at least this pairwise accuracy on held-out "
+        "preference pairs (a gate: it changes nothing selected)",
+    )
+    force_reward_model: bool = Field(
+        False,
+        description="run with the reward model even when it was never checked or its "
+        "pairwise accuracy is below min_pairwise_accuracy (the run's summary records it)",
+    )
+
+
+# Settings that decide whether a pipeline may run, not what it selects: left out of the
+# selection's and the run's identity, so changing them neither resamples nor reselects.
+GATE_SETTINGS = {"select": {"min_pairwise_accuracy", "force_reward_model"}}
 
 
 class DifficultyConfig(_Strict):
@@ -271,12 +289,29 @@ class CurateConfig(EngineStage):
             raise ValueError("lora applies to the local engine; a server loads adapters itself")
         if self.server and self.executor == "ray":
             raise ValueError("executor: ray runs its own engines; it does not apply to a server")
+        _judge_shares_the_engine(self)
         return self
 
     @property
     def model_id(self) -> str:
         """What the `model` column records: the model, plus the adapter when there is one."""
         return f"{self.model}+lora:{self.lora}" if self.lora else self.model
+
+
+def _judge_shares_the_engine(cfg: CurateConfig) -> None:
+    """A local `judge` model runs on the process's one engine: it must be the sampling
+    model, else every batch would swap engines (a minute each); a judge of another model
+    belongs on a server (judge.server)."""
+    opts = cfg.verify.options.get("judge") or {}
+    if "judge" not in cfg.verify.all_names() or opts.get("server") or not opts.get("model"):
+        return
+    same = Path(str(opts["model"])).resolve() == Path(cfg.model).resolve()
+    if cfg.server or cfg.executor == "ray" or not same:
+        raise ValueError(
+            "a local judge model shares this process's one engine with sampling, so it must "
+            "be the model that samples with a local engine; serve the judge model (e.g. "
+            "`vllm serve`) and set verify.options.judge.server and served_model instead"
+        )
 
 
 class TrainDataConfig(_Strict):
@@ -431,6 +466,26 @@ class BootstrapEvalConfig(_Strict):
         return self
 
 
+class AuditGateConfig(_Strict):
+    """Stop a bootstrap before training on a round whose verifiers are wrong too often,
+    measured on labelled candidates of that round (`thresher audit check`)."""
+
+    max_false_pass: float = Field(
+        ge=0, le=1, description="most false-pass rate (passed among labelled incorrect)"
+    )
+    min_labels: int = Field(
+        20, ge=1, description="a round with fewer labelled candidates stops (label it first)"
+    )
+    verifiers: list[str] = Field(
+        default_factory=lambda: ["rule"],
+        min_length=1,
+        description="what is checked: rule (the selection rule) and/or verifier names",
+    )
+    sheet_size: int = Field(
+        100, ge=1, description="candidates on the audit sheet written when the gate stops"
+    )
+
+
 class BootstrapConfig(EngineStage):
     """Self-bootstrap rounds (STaR / RFT): round r samples the training prompts with
     model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
@@ -453,6 +508,9 @@ class BootstrapConfig(EngineStage):
     rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
     train: BootstrapTrainConfig = Field(default_factory=BootstrapTrainConfig)
     eval: BootstrapEvalConfig
+    audit: AuditGateConfig | None = Field(
+        None, description="check each round's labelled false-pass rate before training on it"
+    )
 
     def curate_config(self, round_: int, model: str) -> CurateConfig:
         """Round `round_`'s curate step, sampling with `model`."""

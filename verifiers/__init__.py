@@ -12,6 +12,7 @@ class Verifier(Protocol):
     version: int  # raised when its verdicts change for the same candidate and options
     uses_device: bool  # runs a model on the accelerator: it takes the device slot
     ranks: bool  # its score ranks candidates (the `top_score` selection policy)
+    groups: bool  # judges a prompt's candidates together: it is run on all of them
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame: ...
 
@@ -20,21 +21,35 @@ def registry() -> dict[str, type]:
     """Verifier names and their classes."""
     from thresher.verifiers.code import UnitTests
     from thresher.verifiers.exact import ExactMatch
+    from thresher.verifiers.judge import Judge
+    from thresher.verifiers.majority import Majority
     from thresher.verifiers.math_answer import MathAnswer
     from thresher.verifiers.reward import RewardModel
     from thresher.verifiers.rules import Choice, Format, Regex
 
-    classes = (ExactMatch, MathAnswer, Choice, Regex, Format, UnitTests, RewardModel)
+    classes = (
+        ExactMatch,
+        MathAnswer,
+        Choice,
+        Regex,
+        Format,
+        UnitTests,
+        RewardModel,
+        Judge,
+        Majority,
+    )
     return {cls.name: cls for cls in classes}
 
 
 def traits(name: str) -> dict[str, Any]:
-    """A registered verifier's version, uses_device and ranks (defaults: 1, False, False)."""
+    """A registered verifier's version, uses_device, ranks and groups (defaults: 1, False,
+    False, False)."""
     cls = registry()[name]
     return {
         "version": getattr(cls, "version", 1),
         "uses_device": getattr(cls, "uses_device", False),
         "ranks": getattr(cls, "ranks", False),
+        "groups": getattr(cls, "groups", False),
     }
 
 

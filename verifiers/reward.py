@@ -153,3 +153,82 @@ class RewardModel:
         return verdict_frame(
             self.name, batch["candidate_id"].to_list(), verdicts, [per_row_ms] * len(rows)
         )
+
+
+def model_key(model: str) -> str:
+    """How a reward model is recorded and looked up: a local folder as its absolute path,
+    anything else as given."""
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
+def pairwise_accuracy(
+    model: str, pairs: list[dict], batch_size: int = 16, max_length: int = 2048
+) -> dict[str, Any]:
+    """The share of pairs whose chosen answer the reward model scores above the rejected one
+    (a tie counts as wrong), with its 95 % Wilson interval.
+
+    Each pair has `prompt` and/or `messages` (as the prompts table holds them), `chosen`
+    and `rejected`; both answers are scored as the `reward` verifier scores a candidate.
+    Returns pairs, correct, ties, accuracy, low, high."""
+    from thresher.evaluators.intervals import wilson_interval
+
+    if not pairs:
+        raise ValueError("no preference pairs to score")
+    rows = [
+        {"prompt": p.get("prompt"), "messages": p.get("messages"), "text": p[side]}
+        for p in pairs
+        for side in ("chosen", "rejected")
+    ]
+    scores = RewardModel(model, batch_size=batch_size, max_length=max_length).scores(rows)
+    chosen, rejected = scores[0::2], scores[1::2]
+    correct = sum(c > r for c, r in zip(chosen, rejected, strict=True))
+    ties = sum(c == r for c, r in zip(chosen, rejected, strict=True))
+    low, high = wilson_interval(correct, len(pairs))
+    return {
+        "pairs": len(pairs),
+        "correct": correct,
+        "ties": ties,
+        "accuracy": correct / len(pairs),
+        "low": low,
+        "high": high,
+    }
+
+
+class RewardModelRejected(ValueError):
+    """A reward model with no pairwise accuracy recorded, or one below the bar."""
+
+
+def _figure(check: dict[str, Any]) -> str:
+    return f"{check['accuracy']:.2f} [{check['low']:.2f}, {check['high']:.2f}]"
+
+
+def reward_model_gate(
+    model: str, check: dict[str, Any] | None, min_accuracy: float, force: bool
+) -> dict[str, Any]:
+    """Whether a pipeline may select with reward model `model`, given its latest check
+    (accuracy, low, high, pairs, checked_at; None: never checked): the figure to record
+    in the run's summary, or RewardModelRejected when it is missing or below
+    `min_accuracy` and not forced."""
+    if check is None:
+        if force:
+            return {"forced": True, "accuracy": None, "min_accuracy": min_accuracy}
+        raise RewardModelRejected(
+            f"no pairwise accuracy recorded for reward model {model}: run "
+            f"`thresher rm-check --model {model} --from-lake` (or --pairs FILE) first, "
+            "or set select.force_reward_model: true"
+        )
+    figure = {k: check.get(k) for k in ("accuracy", "low", "high", "pairs", "checked_at")}
+    figure["min_accuracy"] = min_accuracy
+    if check["accuracy"] >= min_accuracy:
+        return figure
+    if force:
+        return {"forced": True, **figure}
+    raise RewardModelRejected(
+        f"reward model {model} has pairwise accuracy {_figure(check)} on {check['pairs']} "
+        f"pairs (< {min_accuracy}, thresher rm-check at {check['checked_at']}); a reward "
+        "model this often wrong about which answer is better keeps wrong answers: check a "
+        "better one, or set select.force_reward_model: true to use it anyway"
+    )

@@ -101,4 +101,4 @@ def main() -> None:
 
 
 # the commands register themselves with `app`, in the order `--help` lists them
-from thresher.flows.cli import lake, pipelines, results, schedules, tools  # noqa: E402, F401
+from thresher.flows.cli import audit, lake, pipelines, results, schedules, tools  # noqa: E402, F401

@@ -48,13 +48,23 @@ def curate(
     lake_root = lake or cfg.lake or None
     from thresher.flows.curate import NothingToCurate, run_curate
     from thresher.stores.lake import Lake
+    from thresher.verifiers.reward import RewardModelRejected
 
     lk = Lake(lake_root)
     try:
+        check_reward_model(lk, cfg)
         summary = run_curate(cfg, lk.root, progress=progress)
-    except NothingToCurate as e:
+    except (NothingToCurate, RewardModelRejected) as e:
         fail(str(e))
     print_summary(summary)
+
+
+def check_reward_model(lake, cfg) -> None:
+    """The flow's reward-model gate, checked before the flow starts (so a refusal is one
+    line, not a flow run's logged traceback)."""
+    from thresher.flows.gates import reward_model_check
+
+    reward_model_check(lake, cfg)
 
 
 def with_executor(cfg, executor: str | None):
@@ -247,6 +257,7 @@ def bootstrap(
 
     lk = Lake(lake or cfg.lake)
     try:
+        check_reward_model(lk, cfg.curate_config(0, cfg.base_model))
         summary = run_bootstrap(cfg, lk.root, progress=progress)
     except (NothingToCurate, ValueError, FileNotFoundError) as e:
         fail(str(e))

@@ -1,4 +1,5 @@
-"""Tools: verify a file of candidates, build a tiny model, import a GGUF checkpoint."""
+"""Tools: verify a file of candidates, build a tiny model, import a GGUF checkpoint, check a
+reward model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated
 import typer
 
 from thresher.flows.cli import (
+    LakeOption,
     app,
     fail,
 )
@@ -28,7 +30,8 @@ def verify_cmd(
         typer.Option(
             "--verifier",
             "-v",
-            help="Verifier to run (repeatable): exact, math, choice, regex, format, code, reward.",
+            help="Verifier to run (repeatable): exact, math, choice, regex, format, code, "
+            "reward, judge.",
         ),
     ] = None,
     options: Annotated[
@@ -59,6 +62,8 @@ def verify_cmd(
         fail(f"--options is not JSON: {e}", code=2)
     except (KeyError, ValueError, FileNotFoundError) as e:
         fail(str(e).strip("'\""), code=2)
+    except RuntimeError as e:  # a judge's server or engine that failed: not bad input
+        fail(str(e))
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if out:
         out.write_text(lines)
@@ -134,3 +139,128 @@ def import_gguf(
     except (GGUFUnavailable, FileNotFoundError, FileExistsError, ValueError) as e:
         fail(str(e))
     typer.echo(f"model folder written to {path} (from {src.name}, {dtype})")
+
+
+@app.command("rm-check")
+def rm_check(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Reward model folder (a sequence-classification model, as "
+            "verify.options.reward.model names it).",
+        ),
+    ],
+    pairs: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSONL of preference pairs: `prompt` (text or messages) or `messages`, "
+            "`chosen` and `rejected` (text, or messages ending with the answer), as "
+            "`thresher export --format dpo` writes them. A malformed line is an error."
+        ),
+    ] = None,
+    from_lake: Annotated[
+        bool,
+        typer.Option(
+            "--from-lake",
+            help="Pairs from the lake: for each prompt of the round's current selection, "
+            "kept candidates (chosen) against failed ones (rejected); hinted ones left out.",
+        ),
+    ] = False,
+    round_: Annotated[
+        int | None,
+        typer.Option("--round", min=0, help="With --from-lake: the round (default: the latest)."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="With --from-lake: only this pipeline's selection (default: all)."),
+    ] = None,
+    max_pairs: Annotated[int, typer.Option(min=1, help="Most pairs scored.")] = 2000,
+    per_prompt: Annotated[
+        int, typer.Option(min=1, help="With --from-lake: most pairs per prompt.")
+    ] = 4,
+    min_accuracy: Annotated[
+        float, typer.Option(min=0, max=1, help="The accuracy it must reach (exit code 0).")
+    ] = 0.85,
+    batch_size: Annotated[int, typer.Option(min=1, help="Texts per forward pass.")] = 16,
+    max_length: Annotated[int, typer.Option(min=8, help="Tokens per text (cut beyond).")] = 2048,
+    lake: LakeOption = None,
+) -> None:
+    """Measure a reward model's pairwise accuracy on held-out preference pairs.
+
+    Accuracy is the share of pairs whose chosen answer scores above the rejected one (a tie
+    counts as wrong), printed with its 95 % Wilson interval. With --from-lake the pairs come
+    from a round's selection: up to --per-prompt (kept, failed) pairs of each prompt in a
+    fixed hash order, at most --max-pairs in all. The check is recorded in the `runs` table
+    (flow rm-check); a pipeline using the `reward` verifier refuses to run unless its
+    model's latest check reaches select.min_pairwise_accuracy (or select.force_reward_model
+    is set). Exit code: 0 when the accuracy reaches --min-accuracy, 1 below it, 2 for bad
+    input.
+    """
+    from thresher.stores.lake import Lake
+    from thresher.stores.pairs import PairsError, lake_pairs, latest_round, read_pairs
+
+    if (pairs is None) == (not from_lake):
+        fail("give either --pairs FILE or --from-lake", code=2)
+    if pairs is not None and (round_ is not None or name is not None):
+        fail("--round and --name choose pairs from the lake: they go with --from-lake", code=2)
+    if not Path(model).expanduser().is_dir():
+        fail(f"reward model folder {model!r} does not exist", code=2)
+    lk = Lake(lake, create=not from_lake)
+    if from_lake and not lk.exists():
+        fail(f"no lake at {lk.root} (pass --lake)", code=2)
+    try:
+        if pairs is not None:
+            rows = read_pairs(pairs, max_pairs)
+            source = f"file {pairs.resolve()}"
+        else:
+            round_ = latest_round(lk, name) if round_ is None else round_
+            if round_ is None:
+                fail(f"no curated selection in {lk.root}" + (f" for {name!r}" if name else ""), 2)
+            rows = lake_pairs(lk, round_, name, per_prompt, max_pairs)
+            source = f"lake round {round_}" + (f" pipeline {name}" if name else "")
+            if not rows:
+                raise PairsError(f"{source} has no prompt with both a kept and a failed candidate")
+    except PairsError as e:
+        fail(str(e), code=2)
+    from thresher.flows.gates import record_rm_check
+
+    config = dict(
+        pairs=str(pairs.resolve()) if pairs else None,
+        from_lake=from_lake,
+        round=round_,
+        name=name,
+        max_pairs=max_pairs,
+        per_prompt=per_prompt if from_lake else None,
+        min_accuracy=min_accuracy,
+        batch_size=batch_size,
+        max_length=max_length,
+    )
+    try:
+        s = record_rm_check(
+            lk,
+            model,
+            rows,
+            source=source,
+            config=config,
+            round_=round_,
+            batch_size=batch_size,
+            max_length=max_length,
+        )
+    except (OSError, ValueError) as e:
+        fail(f"could not score with reward model {model!r}: {e}", code=2)
+    meets = s["accuracy"] >= min_accuracy
+    typer.echo(
+        f"reward model {model}: pairwise accuracy {s['accuracy']:.3f} "
+        f"[{s['low']:.3f}, {s['high']:.3f}] (95 % Wilson) on {s['pairs']} pairs from "
+        f"{source}; {s['ties']} ties counted as wrong\n"
+        + (
+            f"meets the minimum {min_accuracy}"
+            if meets
+            else f"below the minimum {min_accuracy}: pipelines using it refuse to run "
+            "(select.min_pairwise_accuracy, select.force_reward_model)"
+        )
+    )
+    if not meets:
+        raise typer.Exit(1)
