@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from thresher.evaluators.intervals import wilson_interval
+from thresher.intervals import wilson_interval
 from thresher.stores.lake import SELECTION_VERDICTS_SQL, Lake
 
 RULE = "rule"  # the selection rule's verdict, beside each verifier's

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from thresher.evaluators.intervals import wilson_interval
+from thresher.intervals import wilson_interval
 from thresher.stores.lake import Lake
 
 MAJORITY = "majority"

@@ -1,5 +1,6 @@
 """The layering: work packages never import `flows`, and only reach each other through
-tables (`stores`) and the shared modules (`thresher.config`, `.ids`, `.cluster`)."""
+tables (`stores`) and the shared modules (`thresher.config`, `.ids`, `.cluster`,
+`.intervals`)."""
 
 import json
 import subprocess
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # package -> the other work packages it may import
 ALLOWED = {
     "samplers": set(),
-    "verifiers": set(),
+    # the judge verifier generates with the samplers' engine (one engine per process)
+    "verifiers": {"samplers"},
     "selection": {"stores"},
     "trainers": set(),
     "evaluators": {"stores"},
@@ -51,3 +53,28 @@ def test_flows_write_no_table():
         if '.append("' in line or "lake.append(" in line
     ]
     assert not offenders, offenders
+
+
+def _imports_of(package: str) -> dict[str, set[str]]:
+    """Work packages each module of `package` imports anywhere, lazily inside a function too."""
+    import ast
+
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        found[str(path.relative_to(ROOT))] = {
+            n.split(".")[1] for n in names if n.startswith("thresher.") and n.count(".") >= 1
+        }
+    return found
+
+
+@pytest.mark.parametrize("package", list(ALLOWED))
+def test_no_lazy_import_crosses_the_layers_either(package):
+    for module, packages in _imports_of(package).items():
+        others = packages & (set(ALLOWED) | {"flows"}) - {package}
+        assert others <= ALLOWED[package], f"{module} imports {sorted(others - ALLOWED[package])}"

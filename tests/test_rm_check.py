@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from thresher.config import SelectConfig
-from thresher.evaluators.intervals import wilson_interval
 from thresher.flows.cli import app
+from thresher.intervals import wilson_interval
 from thresher.selection.select import select_batch
 from thresher.stores.pairs import PairsError, lake_pairs, read_pairs
 from thresher.stores.runs import latest_rm_check, record_run

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from thresher.config import CurateConfig, SelectConfig
-from thresher.evaluators.intervals import wilson_interval
 from thresher.evaluators.pseudo_labels import majority_accuracy
 from thresher.flows.curate import verify_batch
+from thresher.intervals import wilson_interval
 from thresher.selection.select import select_batch
 from thresher.stores.tables import write_candidates, write_verdicts
 from thresher.verifiers import get_verifier, traits

@@ -45,6 +45,8 @@ def _batch(pairs: list[tuple[str, str]]) -> pl.DataFrame:
         (r"first \boxed{2}, so again \boxed{2}", "2"),  # repeating one answer is no hedge
         (r"first \boxed{\frac{1}{2}}, that is \boxed{0.5}", r"\frac12"),  # same value twice
         ("The answer is 2/3.", "2/3"),
+        ("The answer is 3. The answer is 3.", "3"),  # restating one answer is no hedge
+        ("Final Answer: The final answer is $7$. I hope it is correct.", "7"),
         ("so the probability is 2/3", r"\frac{2}{3}"),  # a plain expression in prose
         ("1 000", "1000"),
         ("It costs 2,74 $ a kilo", "2.74"),  # decimal comma in prose
@@ -183,6 +185,9 @@ def test_matrices(text, passed):
         (r"\boxed{2} or maybe \boxed{3}", "2", "hedged"),
         ("The answer is 2, 3, 4", "2", "hedged"),
         ("The answer is 2 or 3", "2", "hedged"),
+        # several statements that differ (found by auditing the demo's round 0)
+        ("5 * 30. The answer is 30. The answer is 40. does Dan have now?", "40", "hedged"),
+        ("The answer is 5.\nSo the final answer is 6.", "6", "hedged"),
         (r"\boxed{2, 3}", "2", "hedged"),
         (r"\boxed{\frac12} or \boxed{\frac13}", r"\frac{1}{2}", "hedged"),
         (r"we get $x = 2$ or $x = 3$", "2", "hedged"),

@@ -11,8 +11,13 @@ from bisect import bisect_left
 
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _TAG_OPEN, _TAG_CLOSE = "<answer>", "</answer>"
-# "the answer is ...", "The final answer is ...", "Final Answer: ..." up to the end of the line
-_ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]*)", re.IGNORECASE)
+# "the answer is ...", "The final answer is ...", "Final Answer: ...": each statement runs
+# to the next one on its line, or to the end of the line
+_ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*", re.IGNORECASE)
+# the words that lead into the next statement ("... 30. So the final answer is 40")
+_LEAD_IN = re.compile(
+    r"[\s,;]*(?:(?:so|thus|hence|therefore)\s*,?\s*)?(?:the\s+)?(?:final\s+)?$", re.IGNORECASE
+)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # where math starts, as math-verify's patterns see it: $$..$$ and \[..\] may span lines,
@@ -153,10 +158,33 @@ def marked_answers(text: str, pattern: str | None = None) -> tuple[list[str], st
     found = _tagged(text)
     if found:
         return found, "<answer>"
-    found = [f.strip() for f in _ANSWER_IS.findall(text) if f.strip()]
+    found = answer_statements(text)
     if found:
-        return [found[-1].rstrip(".").rstrip()], "'answer is'"
+        return found, "'answer is'"
     return [], "nothing"
+
+
+def answer_statements(text: str) -> list[str]:
+    """What the "the answer is ..." statements say, in order; several different ones are a
+    hedge, as several boxes are. The last is read as written from its line's first
+    statement to the end of that line (it may restate itself: "Final Answer: The final
+    answer is 7"); each earlier one runs to the next."""
+    lines = [line for line in text.split("\n") if _ANSWER_IS.search(line)]
+    if not lines:
+        return []
+    out = []
+    for i, line in enumerate(lines):
+        marks = list(_ANSWER_IS.finditer(line))
+        for mark, after in zip(marks, [*marks[1:], None], strict=True):
+            if i == len(lines) - 1 and after is None:
+                break
+            said = line[mark.end() : after.start() if after else len(line)]
+            said = _LEAD_IN.sub("", said) if after else said
+            said = said.strip().rstrip(".").rstrip()
+            if said:
+                out.append(said)
+    last = lines[-1][_ANSWER_IS.search(lines[-1]).end() :].strip().rstrip(".").rstrip()
+    return [*out, last] if last else out
 
 
 def _unwrap_dollars(answer: str) -> str:
@@ -172,7 +200,7 @@ def final_answers(text: str, pattern: str | None = None) -> tuple[list[str], str
     """
     found, how = marked_answers(text, pattern)
     if how == "'answer is'":
-        return [_unwrap_dollars(found[0]).strip()], how
+        return [_unwrap_dollars(f).strip() for f in found], how
     if found:
         return found, how
     found = NUMBER.findall(text)

@@ -337,6 +337,7 @@ class MathAnswer:
     """
 
     name = "math"
+    version = 2  # 2: several different "the answer is" statements are a hedge
 
     def __init__(self, pattern: str | None = None, timeout_s: float = 5):
         self.pattern = pattern

@@ -173,7 +173,7 @@ def pairwise_accuracy(
     Each pair has `prompt` and/or `messages` (as the prompts table holds them), `chosen`
     and `rejected`; both answers are scored as the `reward` verifier scores a candidate.
     Returns pairs, correct, ties, accuracy, low, high."""
-    from thresher.evaluators.intervals import wilson_interval
+    from thresher.intervals import wilson_interval
 
     if not pairs:
         raise ValueError("no preference pairs to score")

@@ -22,6 +22,7 @@ class Choice:
     """
 
     name = "choice"
+    version = 2  # 2: every "the answer is" statement counts, not only the last
 
     def judge(self, text: str, reference: str | None) -> Verdict:
         if not reference or not _LETTER.match(reference.strip()):
