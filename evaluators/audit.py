@@ -338,6 +338,13 @@ refresh();
 """
 
 
+def _tags(row: dict) -> list[str]:
+    """What else is rare about a candidate, beside its stratum."""
+    tags = [TRUNCATED] if row["finish_reason"] == "length" else []
+    tags += [HINTED] if row["hinted"] else []
+    return [t for t in tags if t != row["stratum"]]
+
+
 def _json_for_script(value: object) -> str:
     # inside <script>, "</" would end the element early
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
@@ -368,8 +375,7 @@ def sheet_html(
             f'<div class="row" data-id="{cid}" id="row-{i}">'
             f'<div class="meta">#{i} · candidate <code>{cid}</code> · prompt '
             f"<code>{e(r['prompt_id'])}</code> · stratum: {e(r['stratum'])}"
-            f"{' · cut at max_tokens' if r['finish_reason'] == 'length' else ''}"
-            f"{' · hinted' if r['hinted'] else ''}</div>"
+            f"{''.join(f' · {t}' for t in _tags(r))}</div>"
             f"<div><b>Prompt</b><pre>{e(str(r['prompt']))}</pre></div>"
             f"<div><b>Reference</b><pre>{e(str(r['reference'] or '(none)'))}</pre></div>"
             f"<div><b>Candidate</b><pre>{e(str(r['candidate']))}</pre></div>"

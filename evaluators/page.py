@@ -324,7 +324,8 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max
 .table { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums;
         font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.2em 0.45em; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.4em; text-align: right; }
+@media (max-width: 1100px) { table { font-size: 0.8em; } th, td { padding: 0.2em 0.3em; } }
 th { background: #f3f3f3; vertical-align: bottom; }
 img { max-width: 100%; display: block; margin: 1em 0; }
 .note { color: #666; font-style: italic; }

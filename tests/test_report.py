@@ -428,6 +428,11 @@ def test_the_page_fits_the_window_in_a_browser(rounds_lake, tmp_path, browser):
         ".map(e => e.getBoundingClientRect().right)"
     )
     assert len(rights) >= 3 + len(PLOTS) and max(rights) <= width
+    boxes = browser.execute_script(  # and no table needs scrolling in its own box either
+        "return Array.from(document.querySelectorAll('.table'))"
+        ".map(e => e.scrollWidth - e.clientWidth)"
+    )
+    assert len(boxes) >= 3 and max(boxes) <= 0
     images = browser.execute_script(
         "return Array.from(document.images).map(i => [i.complete, i.naturalWidth])"
     )
