@@ -165,26 +165,21 @@ def marked_answers(text: str, pattern: str | None = None) -> tuple[list[str], st
 
 
 def answer_statements(text: str) -> list[str]:
-    """What the "the answer is ..." statements say, in order; several different ones are a
-    hedge, as several boxes are. The last is read as written from its line's first
-    statement to the end of that line (it may restate itself: "Final Answer: The final
-    answer is 7"); each earlier one runs to the next."""
-    lines = [line for line in text.split("\n") if _ANSWER_IS.search(line)]
-    if not lines:
-        return []
+    """What each "the answer is ..." statement says, in order; several different ones are a
+    hedge, as several boxes are. A statement runs to the next one on its line, or to the
+    end of the line; one that only leads into the next ("Final Answer: The final answer
+    is 7") is read whole, from its line's first marker."""
     out = []
-    for i, line in enumerate(lines):
+    for line in text.split("\n"):
         marks = list(_ANSWER_IS.finditer(line))
-        for mark, after in zip(marks, [*marks[1:], None], strict=True):
-            if i == len(lines) - 1 and after is None:
-                break
-            said = line[mark.end() : after.start() if after else len(line)]
-            said = _LEAD_IN.sub("", said) if after else said
-            said = said.strip().rstrip(".").rstrip()
-            if said:
-                out.append(said)
-    last = lines[-1][_ANSWER_IS.search(lines[-1]).end() :].strip().rstrip(".").rstrip()
-    return [*out, last] if last else out
+        said = []
+        for mark, after in zip(marks, [*marks[1:], None][: len(marks)], strict=True):
+            part = line[mark.end() : after.start() if after else len(line)]
+            said.append((_LEAD_IN.sub("", part) if after else part).strip().rstrip(".").rstrip())
+        if len(said) > 1 and not any(said[:-1]):
+            said = [line[marks[0].end() :].strip().rstrip(".").rstrip()]
+        out += [s for s in said if s]
+    return out
 
 
 def _unwrap_dollars(answer: str) -> str:
