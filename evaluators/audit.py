@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from thresher.ids import seeded_key
 from thresher.intervals import wilson_interval
 from thresher.stores.lake import SELECTION_VERDICTS_SQL, Lake
 
@@ -101,10 +102,6 @@ def stratum(row: dict) -> str:
     return f"{names} {outcome}, {'kept' if row['kept'] else 'dropped'}"
 
 
-def _order_key(seed: int, candidate_id: str) -> str:
-    return hashlib.blake2b(f"{seed}:{candidate_id}".encode(), digest_size=8).hexdigest()
-
-
 def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
     """How many to draw from each stratum: equal shares of `n`, a small stratum taken
     whole and its unused share spread over the others."""
@@ -129,7 +126,7 @@ def draw_sample(candidates: pl.DataFrame, n: int, seed: int = 0) -> pl.DataFrame
     sizes = dict(candidates.group_by("stratum").len().iter_rows())
     take = allocate(sizes, n)
     keyed = candidates.with_columns(
-        pl.col("candidate_id").map_elements(lambda c: _order_key(seed, c), pl.String).alias("_k")
+        pl.col("candidate_id").map_elements(lambda c: seeded_key(seed, c), pl.String).alias("_k")
     )
     parts = []
     for s, k in take.items():
@@ -449,6 +446,28 @@ def verifier_quality(
     return q.with_columns(columns)
 
 
+def quality_shown(quality: pl.DataFrame) -> pl.DataFrame:
+    """verifier_quality as people read it: each rate with its interval, `0.1 [0.018,
+    0.404]`, or – when it is unmeasured."""
+    return quality.select(
+        "pipeline", "round", "verifier", "labelled", *(_with_interval(r) for r in RATES)
+    )
+
+
+def _with_interval(rate: str) -> pl.Expr:
+    return (
+        pl.when(pl.col(rate).is_null())
+        .then(pl.lit("–"))
+        .otherwise(
+            pl.format(
+                "{} [{}, {}]",
+                *(pl.col(c).round(3) for c in (rate, f"{rate}_low", f"{rate}_high")),
+            )
+        )
+        .alias(rate)
+    )
+
+
 def verifier_disagreement(
     lake: Lake, name: str | None = None, round_: int | None = None
 ) -> pl.DataFrame:
@@ -513,10 +532,11 @@ def check_round(
 
 def latest_round(lake: Lake, name: str | None = None) -> int:
     """The latest round the pipeline (default: any pipeline) curated."""
-    sql = "SELECT max(round) AS r FROM current_selections"
-    got = lake.query(sql + (" WHERE pipeline = ?" if name else ""), [name] if name else None)
-    if got["r"][0] is None:
+    from thresher.stores.queries import latest_curated_round
+
+    found = latest_curated_round(lake, name)
+    if found is None:
         raise AuditError(
             "no curated rounds" + (f" for pipeline {name!r}" if name else "") + " in the lake"
         )
-    return int(got["r"][0])
+    return int(found)

@@ -235,25 +235,10 @@ def _plot_quality(quality: pl.DataFrame, path: Path) -> None:
     fig.savefig(path)
 
 
-def _with_interval(df: pl.DataFrame, rate: str) -> pl.Expr:
-    """`0.123 [0.05, 0.25]`, or – when the rate is unmeasured."""
-    return (
-        pl.when(pl.col(rate).is_null())
-        .then(pl.lit("–"))
-        .otherwise(
-            pl.format(
-                "{} [{}, {}]",
-                *(pl.col(c).round(3) for c in (rate, f"{rate}_low", f"{rate}_high")),
-            )
-        )
-        .alias(rate)
-    )
-
-
 def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[str]:
     """The verifier-quality tables: labelled rates per round and verifier, disagreement
     between verifiers, and how often the majority's pseudo-label was right."""
-    from thresher.evaluators.audit import verifier_disagreement
+    from thresher.evaluators.audit import quality_shown, verifier_disagreement
     from thresher.evaluators.pseudo_labels import majority_accuracy
 
     parts = [
@@ -268,14 +253,7 @@ def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[
     if quality.is_empty():
         parts.append('<p class="note">No labelled candidates yet.</p>')
     else:
-        rates = ("false_pass_rate", "false_fail_rate", "precision", "recall")
-        shown = quality.select(
-            "pipeline",
-            "round",
-            "verifier",
-            "labelled",
-            *(_with_interval(quality, r) for r in rates),
-        )
+        shown = quality_shown(quality)
         if name is not None:
             shown = shown.drop("pipeline")
         parts.append(_html_table(shown))

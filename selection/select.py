@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from thresher.config import SelectConfig
+from thresher.ids import seeded_key
 from thresher.stores.lake import Lake
 from thresher.stores.schemas import DropReason
 
@@ -26,10 +27,6 @@ def normalised_hash(text: str, lowercase: bool) -> str:
     """Hash of the text with whitespace collapsed (and case folded when asked)."""
     t = re.sub(r"\s+", " ", text.strip())
     return hashlib.blake2b((t.lower() if lowercase else t).encode(), digest_size=8).hexdigest()
-
-
-def _random_key(seed: int, candidate_id: str) -> str:
-    return hashlib.blake2b(f"{seed}:{candidate_id}".encode(), digest_size=8).hexdigest()
 
 
 def farthest_first(sigs: np.ndarray, k: int) -> list[int]:
@@ -146,7 +143,7 @@ def _rank(alive: list[dict], spec: SelectConfig) -> list[dict]:
         elif spec.policy == "top_score":
             part = sorted(part, key=lambda r: (-(r["score"] or 0.0), r["sample_idx"]))
         elif spec.policy == "random":
-            part = sorted(part, key=lambda r: _random_key(spec.seed, r["candidate_id"]))
+            part = sorted(part, key=lambda r: seeded_key(spec.seed, r["candidate_id"]))
         out += part
     return out
 

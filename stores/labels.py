@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pyarrow as pa
-
 from thresher.ids import content_id
 from thresher.stores.ingest import read_csv
 from thresher.stores.lake import Lake, now
+from thresher.stores.queries import existing_candidates
 from thresher.stores.tables import reject_row, write_labels, write_rejects
 
 LABELS = {
@@ -79,16 +78,6 @@ def _when(value: str | None, fallback: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def _known_candidates(lake: Lake, ids: list[str]) -> set[str]:
-    con = lake.connect()
-    try:
-        con.register("wanted", pa.table({"candidate_id": pa.array(ids, pa.string())}))
-        found = con.sql("SELECT candidate_id FROM candidates JOIN wanted USING (candidate_id)")
-        return {r[0] for r in found.fetchall()}
-    finally:
-        con.close()
-
-
 def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> LabelImport:
     """Read a label CSV (columns candidate_id and label; note, who, sheet_id and
     labelled_at when present) into `labels`; returns what happened."""
@@ -106,7 +95,7 @@ def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> Label
         )
     stamp = now()
     fallback_who = who or default_who()
-    known = _known_candidates(
+    known = existing_candidates(
         lake, [r.record["candidate_id"] for r in rows if r.record and r.record["candidate_id"]]
     )
     labels, rejects = [], []

@@ -92,12 +92,15 @@ ROUND_FUNNEL_SQL = f"""
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         GROUP BY s.round ORDER BY s.round"""
 
+# Each candidate's latest verdict from each verifier, whatever its options.
+LATEST_VERDICTS_SQL = """
+    SELECT * FROM verdicts QUALIFY row_number() OVER (
+        PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1"""
+
 # CTEs: the current selections' candidates with the latest verdict of each verifier
 # their pipeline's run used (every verifier's, for a selection written outside a run).
-SELECTION_VERDICTS_SQL = """
-latest AS (
-    SELECT * FROM verdicts QUALIFY row_number() OVER (
-        PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1),
+SELECTION_VERDICTS_SQL = f"""
+latest AS ({LATEST_VERDICTS_SQL}),
 used AS (
     SELECT DISTINCT selection_id, unnest(list_concat(
         json_extract_string(config, '$.verify.verifiers[*]'),
@@ -155,14 +158,11 @@ DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
     # One row per candidate: passed when it has verdicts and every verifier passed it
     # (each verifier's latest verdict, whatever its options).
-    "candidate_outcomes": """
+    "candidate_outcomes": f"""
         SELECT c.candidate_id, c.prompt_id, c.round, c.model, c.run_id,
                count(v.verifier) AS n_verdicts,
                coalesce(bool_and(v.passed), false) AND count(v.verifier) > 0 AS passed
-        FROM candidates c LEFT JOIN (
-            SELECT * FROM verdicts QUALIFY row_number() OVER (
-                PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1
-        ) v USING (candidate_id)
+        FROM candidates c LEFT JOIN ({LATEST_VERDICTS_SQL}) v USING (candidate_id)
         GROUP BY ALL""",
     "pass_rate": """
         SELECT prompt_id, round, count(*) AS candidates,

@@ -42,15 +42,6 @@ class PairsError(ValueError):
     """Pairs that cannot be read or built (a malformed line, no pairs at all)."""
 
 
-def latest_round(lake: Lake, name: str | None = None) -> int | None:
-    """The latest round with a current selection (of pipeline `name`), or None."""
-    row = lake.query(
-        "SELECT max(round) AS r FROM current_selections WHERE $name IS NULL OR pipeline = $name",
-        {"name": name},
-    )
-    return row["r"][0]
-
-
 def lake_pairs(
     lake: Lake,
     round_: int,

@@ -247,6 +247,15 @@ def run_summary(lake: Lake, selection_id: str) -> dict:
     return row
 
 
+def latest_curated_round(lake: Lake, name: str | None = None) -> int | None:
+    """The latest round with a current selection (of pipeline `name`), or None."""
+    row = lake.query(
+        "SELECT max(round) AS r FROM current_selections WHERE $name IS NULL OR pipeline = $name",
+        {"name": name},
+    )
+    return row["r"][0]
+
+
 def previous_run(lake: Lake, flow: str, name: str, round_: int, run_id: str) -> dict | None:
     """The latest other run of this flow, pipeline name and round (config parsed), or None."""
     import json

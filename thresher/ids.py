@@ -11,3 +11,8 @@ def content_id(*parts: Any) -> str:
     """A stable 16-hex-digit id from JSON-serialisable parts."""
     blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
+
+
+def seeded_key(seed: int, item_id: str) -> str:
+    """A stable pseudo-random sort key of an id under a seed (a seeded shuffle)."""
+    return hashlib.blake2b(f"{seed}:{item_id}".encode(), digest_size=8).hexdigest()

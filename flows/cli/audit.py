@@ -130,9 +130,7 @@ def quality(
     false-pass rate: passed among the candidates labelled incorrect; false-fail rate:
     failed among those labelled correct. `rule` is the pipeline's selection rule.
     """
-    import polars as pl
-
-    from thresher.evaluators.audit import verifier_disagreement, verifier_quality
+    from thresher.evaluators.audit import quality_shown, verifier_disagreement, verifier_quality
     from thresher.stores.lake import Lake
 
     try:
@@ -144,23 +142,10 @@ def quality(
     if fmt is not OutputFormat.table:
         print_frame(q, fmt)
         return
-    shown = q.select(
-        "pipeline",
-        "round",
-        "verifier",
-        "labelled",
-        *(
-            pl.format(
-                "{} [{}, {}]",
-                *(pl.col(c).round(3) for c in (rate, f"{rate}_low", f"{rate}_high")),
-            ).alias(rate)
-            for rate in ("false_pass_rate", "false_fail_rate", "precision", "recall")
-        ),
-    )
     if q.is_empty():
         typer.echo("no labelled candidates yet: thresher audit --round R, then audit import")
     else:
-        print_frame(shown, fmt)
+        print_frame(quality_shown(q), fmt)
     if not d.is_empty():
         typer.echo("\nverifiers disagreeing on the same candidates:")
         print_frame(d, fmt)

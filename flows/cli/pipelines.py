@@ -47,24 +47,17 @@ def curate(
         fail(f"{cfg.lora!r} is not a LoRA adapter folder (no adapter_config.json)")
     lake_root = lake or cfg.lake or None
     from thresher.flows.curate import NothingToCurate, run_curate
+    from thresher.flows.gates import reward_model_check
     from thresher.stores.lake import Lake
     from thresher.verifiers.reward import RewardModelRejected
 
     lk = Lake(lake_root)
     try:
-        check_reward_model(lk, cfg)
+        reward_model_check(lk, cfg)  # before the flow: a refusal is one line, no traceback
         summary = run_curate(cfg, lk.root, progress=progress)
     except (NothingToCurate, RewardModelRejected) as e:
         fail(str(e))
     print_summary(summary)
-
-
-def check_reward_model(lake, cfg) -> None:
-    """The flow's reward-model gate, checked before the flow starts (so a refusal is one
-    line, not a flow run's logged traceback)."""
-    from thresher.flows.gates import reward_model_check
-
-    reward_model_check(lake, cfg)
 
 
 def with_executor(cfg, executor: str | None):
@@ -253,11 +246,12 @@ def bootstrap(
     from thresher.evaluators.report import round_table
     from thresher.flows.bootstrap import run_bootstrap
     from thresher.flows.curate import NothingToCurate
+    from thresher.flows.gates import reward_model_check
     from thresher.stores.lake import Lake
 
     lk = Lake(lake or cfg.lake)
     try:
-        check_reward_model(lk, cfg.curate_config(0, cfg.base_model))
+        reward_model_check(lk, cfg.curate_config(0, cfg.base_model))
         summary = run_bootstrap(cfg, lk.root, progress=progress)
     except (NothingToCurate, ValueError, FileNotFoundError) as e:
         fail(str(e))

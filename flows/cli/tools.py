@@ -199,7 +199,8 @@ def rm_check(
     input.
     """
     from thresher.stores.lake import Lake
-    from thresher.stores.pairs import PairsError, lake_pairs, latest_round, read_pairs
+    from thresher.stores.pairs import PairsError, lake_pairs, read_pairs
+    from thresher.stores.queries import latest_curated_round
 
     if (pairs is None) == (not from_lake):
         fail("give either --pairs FILE or --from-lake", code=2)
@@ -215,7 +216,7 @@ def rm_check(
             rows = read_pairs(pairs, max_pairs)
             source = f"file {pairs.resolve()}"
         else:
-            round_ = latest_round(lk, name) if round_ is None else round_
+            round_ = latest_curated_round(lk, name) if round_ is None else round_
             if round_ is None:
                 fail(f"no curated selection in {lk.root}" + (f" for {name!r}" if name else ""), 2)
             rows = lake_pairs(lk, round_, name, per_prompt, max_pairs)
