@@ -19,33 +19,44 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 HOLDER = textwrap.dedent(
     """
     import json, sys, time
-    from thresher.flows.slots import gpu_slot
-    start_at = float(sys.argv[1])
-    time.sleep(max(0.0, start_at - time.time()))  # both ask for the slot at the same moment
+    import prefect.concurrency.sync  # noqa: F401  (imported before the start signal)
+    from thresher.flows.slots import ensure_limit, gpu_slot
+    ensure_limit()
+    print("ready", flush=True)
+    sys.stdin.readline()  # both ask for the slot once the test says go
     with gpu_slot("test"):
         began = time.time()
-        time.sleep(1.5)
+        time.sleep(2.0)
         ended = time.time()
-    print(json.dumps([began, ended]))
+    print(json.dumps([began, ended]), flush=True)
     """
 )
 
 
 def _hold_twice(env: dict[str, str]) -> list[list[float]]:
-    """Two processes each hold a device slot for 1.5 s, asking at the same moment."""
-    import time
+    """Two processes each hold a device slot for 2 s, asking at the same moment.
 
-    start_at = str(time.time() + 8)  # after both interpreters have imported prefect
+    Each imports Prefect and reaches the server first, then waits for the go, so a slow
+    interpreter start on a busy machine does not stagger the two requests."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", HOLDER, start_at],
+            [sys.executable, "-c", HOLDER],
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for _ in range(2)
     ]
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            p.wait(timeout=60)
+            raise AssertionError(f"holder did not start: {line!r} {p.stderr.read()[-3000:]}")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     spans = []
     for p in procs:
         out, err = p.communicate(timeout=120)
