@@ -43,11 +43,22 @@ def run_id_for(cfg: CurateConfig) -> str:
 
 
 def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
-    """verifier -> the digest of its version and options: which verdicts the run reads."""
-    from thresher.verifiers import options_digest
+    """verifier -> the digest of its version and options: which verdicts the run reads.
+
+    A verifier that judges a prompt's candidates together (`majority`) also has what
+    decides how many a prompt has (k, difficulty): with a larger k every candidate of the
+    prompt is judged again among all of them, so old and new verdicts cannot disagree."""
+    from thresher.verifiers import options_digest, traits
 
     v = cfg.verify
-    return {name: options_digest(name, v.options.get(name)) for name in v.all_names()}
+    digests = {}
+    for name in v.all_names():
+        digest = options_digest(name, v.options.get(name))
+        if traits(name)["groups"]:
+            group = {"k": cfg.sampling.k, "difficulty": cfg.difficulty.model_dump()}
+            digest = content_id("group-verdicts", digest, group)
+        digests[name] = digest
+    return digests
 
 
 def selection_id_for(cfg: CurateConfig) -> str:

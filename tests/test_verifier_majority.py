@@ -11,6 +11,7 @@ import pytest
 from thresher.config import CurateConfig, SelectConfig
 from thresher.evaluators.pseudo_labels import majority_accuracy
 from thresher.flows.curate import verify_batch
+from thresher.flows.identities import verifier_digests
 from thresher.intervals import wilson_interval
 from thresher.selection.select import select_batch
 from thresher.stores.tables import write_candidates, write_verdicts
@@ -170,38 +171,71 @@ def _candidates(lake, prompt_id: str, answers: list, start: int = 0, round_=0, h
     return [r["candidate_id"] for r in rows]
 
 
-def _majority(lake) -> dict[str, dict]:
-    rows = lake.query("SELECT * FROM verdicts WHERE verifier = 'majority'")
+def _majority(lake, cfg: CurateConfig | None = None) -> dict[str, dict]:
+    """The majority verdicts (those `cfg`'s run reads, or all)."""
+    where = ""
+    if cfg is not None:
+        where = f"AND options_digest = '{verifier_digests(cfg)['majority']}'"
+    rows = lake.query(f"SELECT * FROM verdicts WHERE verifier = 'majority' {where}")
     return verdicts_of(rows)
 
 
-def test_new_candidates_are_judged_against_all_of_the_prompts(lake):
-    cfg = CurateConfig(
-        name="x", model="m", prompts={"dataset": "d"}, verify={"verifiers": ["majority"]}
+def _config(k: int) -> CurateConfig:
+    return CurateConfig(
+        name="x",
+        model="m",
+        prompts={"dataset": "d"},
+        sampling={"k": k},
+        verify={"verifiers": ["majority"]},
     )
+
+
+def test_a_larger_k_judges_every_candidate_again_among_all(lake):
+    k4, k8 = _config(4), _config(8)
     _prompts(lake, {"p": "20", "q": "3"})
-    first = _candidates(lake, "p", [20, 20, 21, 7]) + _candidates(lake, "q", [3, 3])
-    assert verify_batch.fn(str(lake.root), cfg, "run-1", first) == 6
-    before = _majority(lake)
+    first = _candidates(lake, "p", [21, 21, 20, 7]) + _candidates(lake, "q", [3, 3])
+    assert verify_batch.fn(str(lake.root), k4, "run-1", first) == 6
+    assert verify_batch.fn(str(lake.root), k4, "run-1b", first) == 0  # nothing missing
+    before = _majority(lake, k4)
+    # 21: 2 of 4
     assert {c for c, r in before.items() if r["passed"]} == {
         "p-r0-0", "p-r0-1", "q-r0-0", "q-r0-1"
     }  # fmt: skip
-    # k raised from 4 to 8: alone, the new four (21, 21, 20, 20) would tie
-    new = _candidates(lake, "p", [21, 21, 20, 20], start=4)
-    alone = lake.query("SELECT * FROM candidates WHERE sample_idx >= 4 AND prompt_id = 'p'")
-    assert not Majority().run(alone)["passed"].any()
-    assert verify_batch.fn(str(lake.root), cfg, "run-2", first + new) == 4  # q: nothing new
-    after = _majority(lake)
-    assert {c: after[c]["passed"] for c in new} == {
-        "p-r0-4": False, "p-r0-5": False, "p-r0-6": True, "p-r0-7": True
+    # k raised from 4 to 8: 20 now has 4 of 8 votes, 21 three
+    new = _candidates(lake, "p", [20, 20, 20, 21], start=4)
+    assert verify_batch.fn(str(lake.root), k8, "run-2", first + new) == 10  # q's too
+    after = _majority(lake, k8)
+    passed = {c: after[c]["passed"] for c in first + new}
+    # the old 21s passed with k 4: now they fail like the new one
+    assert passed == {
+        "p-r0-0": False, "p-r0-1": False, "p-r0-2": True, "p-r0-3": False,
+        "p-r0-4": True, "p-r0-5": True, "p-r0-6": True, "p-r0-7": False,
+        "q-r0-0": True, "q-r0-1": True,
     }  # fmt: skip
-    assert after["p-r0-6"]["reason"].startswith("pseudo-label '20': 4 of 8 answers agree")
-    assert after["p-r0-4"]["run_id"] == "run-2" and after["p-r0-0"]["run_id"] == "run-1"
-    assert lake.count("verdicts") == 10  # the first verdicts stay as they were
+    assert after["p-r0-0"]["reason"].startswith("pseudo-label '20': 4 of 8 answers agree")
+    assert {after[c]["run_id"] for c in first + new} == {"run-2"}
+    # what k 4 read stays as it was: going back to it reads its own verdicts
+    assert _majority(lake, k4) == before
+    assert verify_batch.fn(str(lake.root), k4, "run-3", first) == 0
+    assert lake.count("verdicts") == 16
     # a hinted candidate (verified in a second call with the batch's plain ones) fails
     hinted = _candidates(lake, "q", [3], start=2, hinted=(2,))
-    assert verify_batch.fn(str(lake.root), cfg, "run-3", first + new + hinted) == 1
-    assert "does not judge hinted" in _majority(lake)["q-r0-2"]["reason"]
+    assert verify_batch.fn(str(lake.root), k8, "run-4", first + new + hinted) == 1
+    assert "does not judge hinted" in _majority(lake, k8)["q-r0-2"]["reason"]
+    assert _majority(lake, k8)["q-r0-0"]["run_id"] == "run-2"  # q's others kept theirs
+
+
+def test_only_grouping_verifiers_carry_k_in_their_digest():
+    both = {"verifiers": ["math", "majority"]}
+    a = CurateConfig.model_validate({**_config(4).model_dump(), "verify": both})
+    b = CurateConfig.model_validate({**_config(8).model_dump(), "verify": both})
+    assert verifier_digests(a)["math"] == verifier_digests(b)["math"]
+    assert verifier_digests(a)["majority"] != verifier_digests(b)["majority"]
+    hard = CurateConfig.model_validate(
+        {**a.model_dump(), "difficulty": {"hard_below": 0.2, "hard_k": 16}}
+    )
+    assert verifier_digests(hard)["majority"] != verifier_digests(a)["majority"]
+    assert verifier_digests(hard)["math"] == verifier_digests(a)["math"]
 
 
 # -- majority_accuracy ---------------------------------------------------------------------

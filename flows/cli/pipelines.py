@@ -32,7 +32,8 @@ def curate(
     Re-running the same config resumes: batches already in the lake are not sampled again.
     After a change only the stages it touches run again: a new cap or policy re-selects; a
     new verifier (or new options) verifies with it only; a larger k samples only the new
-    indices, a smaller one reads the first k. The summary says what was reused and why.
+    indices, a smaller one reads the first k (majority verdicts are judged again among
+    all k). The summary says what was reused and why.
     """
     from thresher.config import ConfigError, load_config
 
