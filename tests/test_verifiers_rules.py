@@ -67,3 +67,25 @@ def test_format_and_correctness_are_separate_rows():
 def test_bad_options_are_a_clear_error():
     with pytest.raises(ValueError, match="bad options for verifier 'math'"):
         get_verifier("math", {"nope": 1})
+
+
+def test_options_of_how_a_verifier_runs_are_not_part_of_its_verdicts_identity():
+    from thresher.verifiers import options_digest
+
+    judge = {"server": "http://judge:8000", "served_model": "j", "max_tokens": 8}
+    same = [
+        ("judge", judge, {**judge, "concurrency": 64, "timeout_s": 5, "retries": 0}),
+        ("code", {"timeout_s": 10}, {"timeout_s": 10, "workers": 2}),
+        ("reward", {"model": "rm"}, {"model": "rm", "batch_size": 64}),
+    ]
+    for name, a, b in same:
+        assert options_digest(name, a) == options_digest(name, b), name
+    different = [
+        ("judge", judge, {**judge, "max_tokens": 16}),
+        ("judge", judge, {**judge, "served_model": "other"}),
+        ("code", {"timeout_s": 10}, {"timeout_s": 20}),
+        ("reward", {"model": "rm"}, {"model": "rm", "max_length": 512}),
+        ("math", None, {"timeout_s": 1}),  # a rule verifier has no operational options
+    ]
+    for name, a, b in different:
+        assert options_digest(name, a) != options_digest(name, b), (name, b)

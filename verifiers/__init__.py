@@ -13,6 +13,7 @@ class Verifier(Protocol):
     uses_device: bool  # runs a model on the accelerator: it takes the device slot
     ranks: bool  # its score ranks candidates (the `top_score` selection policy)
     groups: bool  # judges a prompt's candidates together: it is run on all of them
+    operational: frozenset[str]  # options of how it runs, not what it finds: not in its digest
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame: ...
 
@@ -42,22 +43,26 @@ def registry() -> dict[str, type]:
 
 
 def traits(name: str) -> dict[str, Any]:
-    """A registered verifier's version, uses_device, ranks and groups (defaults: 1, False,
-    False, False)."""
+    """A registered verifier's version, uses_device, ranks, groups and operational options
+    (defaults: 1, False, False, False, none)."""
     cls = registry()[name]
     return {
         "version": getattr(cls, "version", 1),
         "uses_device": getattr(cls, "uses_device", False),
         "ranks": getattr(cls, "ranks", False),
         "groups": getattr(cls, "groups", False),
+        "operational": frozenset(getattr(cls, "operational", ())),
     }
 
 
 def options_digest(name: str, options: dict[str, Any] | None = None) -> str:
-    """What identifies a verifier's verdicts besides the candidate: name, version, options."""
+    """What identifies a verifier's verdicts besides the candidate: name, version, options
+    (those that only say how it runs, such as a judge's concurrency, left out)."""
     from thresher.ids import content_id
 
-    return content_id("verifier", name, traits(name)["version"], options or {})
+    t = traits(name)
+    kept = {k: v for k, v in (options or {}).items() if k not in t["operational"]}
+    return content_id("verifier", name, t["version"], kept)
 
 
 def get_verifier(name: str, options: dict[str, Any] | None = None) -> Verifier:

@@ -117,6 +117,7 @@ class UnitTests:
     """
 
     name = "code"
+    operational = frozenset({"workers"})
 
     def __init__(self, workers: int | None = None, isolation: str = "judge", **limits):
         if isolation not in ISOLATIONS:

@@ -141,6 +141,8 @@ class Judge:
     version = 1
     uses_device = True
     ranks = False
+    # a request that fails after its retries fails the batch, never a verdict
+    operational = frozenset({"concurrency", "timeout_s", "retries", "api_key_env"})
 
     def __init__(
         self,

@@ -67,6 +67,7 @@ class RewardModel:
     name = "reward"
     uses_device = True
     ranks = True
+    operational = frozenset({"batch_size"})
 
     def __init__(
         self,
