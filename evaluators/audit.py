@@ -5,8 +5,9 @@ and failures, kept and dropped, hinted, candidates the verifiers disagree on, an
 at max_tokens), `write_sheet` writes it as a self-contained HTML page to label in a browser
 plus the same rows as CSV; `verifier_quality` compares the labels with the verdicts.
 
-A candidate's verdict from a verifier is its latest one (as the `candidate_outcomes`
-view reads them); its label is its latest label. `rule` stands for the pipeline's
+A candidate's verdict from a verifier is the one the selection's curate run read (its
+options digest; the latest, for runs that did not record digests); its label is its
+latest label. `rule` stands for the pipeline's
 selection rule: passed = not dropped as `failed`.
 """
 

@@ -346,6 +346,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         deployment_cleanup(),
         tracked_run(lake, run_id, selection_id=selection_id, **run) as summary,
     ):
+        summary["verifier_digests"] = verifier_digests(cfg)  # which verdicts it reads
         rm_check = reward_model_check(lake, cfg)  # before sampling: a bad RM refuses the run
         if rm_check is not None:
             summary["reward_model_check"] = rm_check

@@ -41,12 +41,14 @@ def _sql_str(value: str) -> str:
 # The selection each round of each pipeline reads by default: the one written by the
 # pipeline's latest curate run of that round. A run records its selection_id (lakes
 # written before selections had ids used the run id); selections written outside any
-# run count as a pipeline of their own (NULL), the latest by time.
+# run count as a pipeline of their own (NULL), the latest by time. Every status row of a
+# run counts (`run_updates`): a run resumed after a verifier's version changed records a
+# new selection, and the one it wrote before still belongs to its pipeline.
 CURRENT_SELECTIONS_SQL = """
         WITH curated AS (
-            SELECT coalesce(selection_id, run_id) AS sid, round, started_at,
+            SELECT DISTINCT coalesce(selection_id, run_id) AS sid, round, started_at,
                    json_extract_string(config, '$.name') AS pipeline
-            FROM runs WHERE flow = 'curate'),
+            FROM run_updates WHERE flow = 'curate'),
         written AS (
             SELECT coalesce(selection_id, run_id) AS sid, round, max(created_at) AS at
             FROM selections GROUP BY ALL),
@@ -97,21 +99,33 @@ LATEST_VERDICTS_SQL = """
     SELECT * FROM verdicts QUALIFY row_number() OVER (
         PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1"""
 
-# CTEs: the current selections' candidates with the latest verdict of each verifier
-# their pipeline's run used (every verifier's, for a selection written outside a run).
+# CTEs: the current selections' candidates with the verdict of each verifier their
+# pipeline's run used: the one under the options digest the run read (its summary's
+# verifier_digests), else (runs that did not record them) the latest of each verifier the
+# run's config names, else (a selection written outside a run) every verifier's latest.
 SELECTION_VERDICTS_SQL = f"""
 latest AS ({LATEST_VERDICTS_SQL}),
 used AS (
-    SELECT DISTINCT selection_id, unnest(list_concat(
-        json_extract_string(config, '$.verify.verifiers[*]'),
-        coalesce(json_extract_string(config, '$.verify.by_task.*[*]'), []))) AS verifier
-    FROM runs WHERE flow = 'curate' AND selection_id IS NOT NULL),
+    SELECT DISTINCT selection_id, verifier,
+           json_extract_string(summary, '$.verifier_digests."' || verifier || '"') AS digest
+    FROM (SELECT selection_id, summary, unnest(list_concat(
+              json_extract_string(config, '$.verify.verifiers[*]'),
+              coalesce(json_extract_string(config, '$.verify.by_task.*[*]'), []))) AS verifier
+          FROM runs WHERE flow = 'curate' AND selection_id IS NOT NULL)),
+exact AS (SELECT DISTINCT selection_id FROM used WHERE digest IS NOT NULL),
 sel_verdicts AS (
     SELECT s.pipeline, s.round, s.selection_id, v.candidate_id, v.verifier, v.passed,
            v.reason
+    FROM current_selections s JOIN used u ON u.selection_id = s.selection_id
+    JOIN verdicts v ON v.candidate_id = s.candidate_id AND v.verifier = u.verifier
+                   AND v.options_digest = u.digest
+    UNION ALL
+    SELECT s.pipeline, s.round, s.selection_id, v.candidate_id, v.verifier, v.passed,
+           v.reason
     FROM current_selections s JOIN latest v USING (candidate_id)
-    WHERE v.verifier IN (SELECT u.verifier FROM used u WHERE u.selection_id = s.selection_id)
-       OR NOT EXISTS (SELECT 1 FROM used u WHERE u.selection_id = s.selection_id))"""
+    WHERE s.selection_id NOT IN (SELECT selection_id FROM exact)
+      AND (v.verifier IN (SELECT u.verifier FROM used u WHERE u.selection_id = s.selection_id)
+           OR NOT EXISTS (SELECT 1 FROM used u WHERE u.selection_id = s.selection_id)))"""
 
 # Per pipeline, round and verifier (and `rule`, the selection rule): labelled candidates
 # and how the verdicts stand against the labels (a candidate's label is its latest).
@@ -450,9 +464,13 @@ class Lake:
         listed = ", ".join(_sql_str(f) for f in [self.schema_file(table), *files])
         source = f"read_parquet([{listed}], union_by_name = true)"
         if table == "runs":  # append-only status updates: show the latest per run
-            source = (
+            latest = (
                 f"(SELECT * FROM {source} QUALIFY row_number() OVER "
                 "(PARTITION BY run_id ORDER BY updated_at DESC) = 1)"
+            )
+            return (
+                f"CREATE OR REPLACE VIEW run_updates AS SELECT * FROM {source};\n"
+                f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {latest}"
             )
         return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {source}"
 

@@ -285,10 +285,10 @@ def tables(lake: LakeOption = None) -> None:
 
     lk = Lake(lake, create=False)
     try:
-        counts = {name: lk.count(name) for name in (*TABLES, *DERIVED_VIEWS)}
+        counts = {name: lk.count(name) for name in (*TABLES, "run_updates", *DERIVED_VIEWS)}
     except FileNotFoundError as e:
         fail(str(e))
     typer.echo(f"lake: {lk.location}")
     for name, n in counts.items():
-        kind = "view " if name in DERIVED_VIEWS else "table"
+        kind = "view " if name in DERIVED_VIEWS or name == "run_updates" else "table"
         typer.echo(f"  {kind} {name:<20} {n:>10} rows")
