@@ -63,8 +63,9 @@ def tracked_run(
     selection_id: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Record a run as running, then completed with the summary the body puts in the
-    yielded dict, or failed with the error that escaped it. Every row records the table
-    versions of the lake snapshot read last before the run began (a train run's data)."""
+    yielded dict, or failed with that summary so far and the error that escaped it. Every
+    row records the table versions of the lake snapshot read last before the run began (a
+    train run's data)."""
     started = now()
     run = dict(
         flow=flow,
@@ -80,7 +81,8 @@ def tracked_run(
     try:
         yield summary
     except BaseException as e:
-        error = {"error": f"{type(e).__name__}: {e}"}
+        # what the body recorded before it failed stays (which verdicts it read, ...)
+        error = {**summary, "error": f"{type(e).__name__}: {e}"}
         record_run(lake, run_id, status="failed", summary=error, finished=True, **run)
         raise
     record_run(lake, run_id, status="completed", summary=summary, finished=True, **run)

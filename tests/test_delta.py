@@ -168,6 +168,19 @@ def test_runs_record_the_versions_they_read(lake):
     assert as_of_versions(lake, "run:r1") == read
 
 
+def test_a_failed_run_keeps_its_summary_so_far_and_the_error(lake):
+    from thresher.stores.runs import latest_run, tracked_run
+
+    with pytest.raises(RuntimeError):
+        with tracked_run(lake, "r2", flow="curate", round_=0, model="m", config={}) as summary:
+            summary["verifier_digests"] = {"math": "d"}
+            raise RuntimeError("engine died")
+    run = latest_run(lake, "r2")
+    assert run["status"] == "failed"
+    error = "RuntimeError: engine died"
+    assert run["summary"] == {"verifier_digests": {"math": "d"}, "error": error}
+
+
 def test_compaction_and_vacuum_change_no_query_result(lake):
     for b in range(30):
         lake.append("candidates", cands(b, prompt=f"p{b % 7}"))
