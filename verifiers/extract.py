@@ -172,8 +172,10 @@ def answer_statements(text: str) -> list[str]:
     out = []
     for line in text.split("\n"):
         marks = list(_ANSWER_IS.finditer(line))
+        if not marks:
+            continue
         said = []
-        for mark, after in zip(marks, [*marks[1:], None][: len(marks)], strict=True):
+        for mark, after in zip(marks, [*marks[1:], None], strict=True):
             part = line[mark.end() : after.start() if after else len(line)]
             said.append((_LEAD_IN.sub("", part) if after else part).strip().rstrip(".").rstrip())
         if len(said) > 1 and not any(said[:-1]):

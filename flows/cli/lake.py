@@ -285,10 +285,11 @@ def tables(lake: LakeOption = None) -> None:
 
     lk = Lake(lake, create=False)
     try:
-        counts = {name: lk.count(name) for name in (*TABLES, "run_updates", *DERIVED_VIEWS)}
+        views = ("run_updates", *DERIVED_VIEWS)  # run_updates: every status row of `runs`
+        counts = {name: lk.count(name) for name in (*TABLES, *views)}
     except FileNotFoundError as e:
         fail(str(e))
     typer.echo(f"lake: {lk.location}")
     for name, n in counts.items():
-        kind = "view " if name in DERIVED_VIEWS or name == "run_updates" else "table"
+        kind = "view " if name in views else "table"
         typer.echo(f"  {kind} {name:<20} {n:>10} rows")
