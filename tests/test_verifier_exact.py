@@ -2,7 +2,7 @@ import polars as pl
 import pytest
 
 from thresher.verifiers import get_verifier, verify
-from thresher.verifiers.exact import extract_answer, judge
+from thresher.verifiers.exact import check, extract_answer
 
 
 @pytest.mark.parametrize(
@@ -32,8 +32,8 @@ def test_extraction(text, answer, how):
         ("The answer is 30.", None, False),
     ],
 )
-def test_judge(text, reference, passed):
-    verdict = judge(text, reference)
+def test_check(text, reference, passed):
+    verdict = check(text, reference)
     assert verdict.passed is passed
     assert verdict.score == (1.0 if passed else 0.0)
     assert verdict.reason

@@ -53,7 +53,7 @@ def _batch(pairs: list[tuple[str, str]]) -> pl.DataFrame:
     ],
 )
 def test_equivalent_forms_pass(text, reference):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed, verdict.reason
 
 
@@ -71,7 +71,7 @@ def test_equivalent_forms_pass(text, reference):
     ],
 )
 def test_latex_spans_are_read_whole(text, reference, passed):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed is passed, verdict.reason
 
 
@@ -91,7 +91,7 @@ def test_latex_spans_are_read_whole(text, reference, passed):
     ],
 )
 def test_intervals_keep_their_brackets(text, reference, passed):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed is passed, verdict.reason
 
 
@@ -107,7 +107,7 @@ def test_intervals_keep_their_brackets(text, reference, passed):
     ],
 )
 def test_several_answers_in_any_order_boxed_together_or_apart(text, passed):
-    verdict = MathAnswer().judge(text, "(2, 2), (6, 2)")
+    verdict = MathAnswer().check(text, "(2, 2), (6, 2)")
     assert verdict.passed is passed, verdict.reason
 
 
@@ -123,7 +123,7 @@ def test_several_answers_in_any_order_boxed_together_or_apart(text, passed):
     ],
 )
 def test_sets_and_lists_of_answers(text, reference, passed):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed is passed, verdict.reason
 
 
@@ -140,7 +140,7 @@ def test_sets_and_lists_of_answers(text, reference, passed):
     ],
 )
 def test_text_answers(text, reference, passed):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed is passed, verdict.reason
 
 
@@ -159,7 +159,7 @@ def test_text_answers(text, reference, passed):
     ],
 )
 def test_inequalities_and_equations(text, reference, passed):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert verdict.passed is passed, verdict.reason
 
 
@@ -174,7 +174,7 @@ def test_inequalities_and_equations(text, reference, passed):
     ],
 )
 def test_matrices(text, passed):
-    verdict = MathAnswer().judge(text, r"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}")
+    verdict = MathAnswer().check(text, r"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}")
     assert verdict.passed is passed, verdict.reason
 
 
@@ -199,15 +199,15 @@ def test_matrices(text, passed):
     ],
 )
 def test_wrong_hedged_and_missing_fail_with_reason(text, reference, reason):
-    verdict = MathAnswer().judge(text, reference)
+    verdict = MathAnswer().check(text, reference)
     assert not verdict.passed and verdict.score == 0.0
     assert reason in verdict.reason, verdict.reason
 
 
 def test_custom_pattern():
     m = MathAnswer(pattern=r"FINAL: (\S+)")
-    assert m.judge("work... FINAL: 42", "42").passed
-    assert not m.judge("work... FINAL: 41", "42").passed
+    assert m.check("work... FINAL: 42", "42").passed
+    assert not m.check("work... FINAL: 41", "42").passed
 
 
 def test_plain_numbers_never_reach_the_workers(monkeypatch):
@@ -216,7 +216,7 @@ def test_plain_numbers_never_reach_the_workers(monkeypatch):
     def refuse(jobs, timeout_s):
         raise AssertionError(f"sent to the workers: {jobs}")
 
-    monkeypatch.setattr(workers, "judge_in_workers", refuse)
+    monkeypatch.setattr(workers, "check_in_workers", refuse)
     pairs = [
         (r"\boxed{42}", "42"),
         ("#### 1,234", "1234"),
@@ -232,7 +232,7 @@ def test_plain_numbers_never_reach_the_workers(monkeypatch):
 
 
 def test_reason_quotes_at_most_a_few_hundred_characters():
-    verdict = MathAnswer().judge(r"\boxed{" + "x+" * 5000 + "1}", "1")
+    verdict = MathAnswer().check(r"\boxed{" + "x+" * 5000 + "1}", "1")
     assert not verdict.passed and len(verdict.reason) < 500
 
 
@@ -281,8 +281,8 @@ def test_timeout_holds_in_a_plain_thread():
 
 def test_workers_are_replaced_after_a_timeout():
     verifier = MathAnswer(timeout_s=1)
-    assert "timed out" in verifier.judge(TOWER, "1").reason
-    assert verifier.judge(r"\boxed{\frac{3}{6}}", "0.5").passed
+    assert "timed out" in verifier.check(TOWER, "1").reason
+    assert verifier.check(r"\boxed{\frac{3}{6}}", "0.5").passed
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""stdin/stdout tests (the competitive-programming format): programs judged by their output."""
+"""stdin/stdout tests (the competitive-programming format): programs checked by their output."""
 
 import json
 

@@ -17,32 +17,32 @@ from thresher.verifiers.rules import Choice, Format, Regex
     ],
 )
 def test_choice(text, passed):
-    assert Choice().judge(text, "B").passed is passed
+    assert Choice().check(text, "B").passed is passed
 
 
 def test_regex():
-    assert Regex().judge(r"\boxed{2024-01-31}", r"\d{4}-\d{2}-\d{2}").passed
-    assert not Regex().judge(r"\boxed{31/01/2024}", r"\d{4}-\d{2}-\d{2}").passed
-    assert Regex(whole=True, flags="i").judge("YES", "yes").passed
-    assert "not a valid regex" in Regex().judge("x", "(").reason
+    assert Regex().check(r"\boxed{2024-01-31}", r"\d{4}-\d{2}-\d{2}").passed
+    assert not Regex().check(r"\boxed{31/01/2024}", r"\d{4}-\d{2}-\d{2}").passed
+    assert Regex(whole=True, flags="i").check("YES", "yes").passed
+    assert "not a valid regex" in Regex().check("x", "(").reason
 
 
 def test_format_required_sections_in_order():
     f = Format(required=["<think>", "</think>", "<answer>", "</answer>"])
-    assert f.judge("<think>hmm</think><answer>4</answer>").passed
-    assert "missing" in f.judge("<think>hmm</think> 4").reason
-    assert "out of order" in f.judge("<answer>4</answer><think>x</think>").reason
-    assert "appears 2 times" in f.judge("<think></think><think></think><answer>4</answer>").reason
+    assert f.check("<think>hmm</think><answer>4</answer>").passed
+    assert "missing" in f.check("<think>hmm</think> 4").reason
+    assert "out of order" in f.check("<answer>4</answer><think>x</think>").reason
+    assert "appears 2 times" in f.check("<think></think><think></think><answer>4</answer>").reason
 
 
 def test_format_json_schema():
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
     f = Format(json_schema=schema, json_tag="answer")
-    assert f.judge('<answer>{"age": 3}</answer>').passed
-    assert "JSON schema" in f.judge('<answer>{"age": "3"}</answer>').reason
-    assert "not JSON" in f.judge("<answer>{age: 3}</answer>").reason
-    assert "no <answer>" in f.judge('{"age": 3}').reason
-    assert Format(json_schema=schema).judge('```json\n{"age": 1}\n```').passed
+    assert f.check('<answer>{"age": 3}</answer>').passed
+    assert "JSON schema" in f.check('<answer>{"age": "3"}</answer>').reason
+    assert "not JSON" in f.check("<answer>{age: 3}</answer>").reason
+    assert "no <answer>" in f.check('{"age": 3}').reason
+    assert Format(json_schema=schema).check('```json\n{"age": 1}\n```').passed
 
 
 def test_format_and_correctness_are_separate_rows():

@@ -5,8 +5,82 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import polars as pl
+from pydantic import BaseModel, ConfigDict
+
+# name -> class: every subclass of Verifier that sets `name` adds itself on import
+_REGISTERED: dict[str, type[Verifier]] = {}
+
+
+class Verifier:
+    """A verifier: scores a batch of candidates, one verdict row per candidate.
+
+    A subclass sets `name` (how configs, rules and verdict rows call it), declares its
+    options as the pydantic model `Options`, and implements `run`; defining it registers
+    it under its name. The other class attributes are its traits.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1  # raised when its verdicts change for the same candidate
+    uses_device: ClassVar[bool] = False  # runs a model on the accelerator: takes the slot
+    ranks: ClassVar[bool] = False  # its score ranks candidates (`top_score` selection)
+    groups: ClassVar[bool] = False  # scores a prompt's candidates together: gets all of them
+    # options of how it runs, not what it finds: left out of its verdicts' digest
+    operational: ClassVar[frozenset[str]] = frozenset()
+
+    class Options(BaseModel):
+        """The verifier's options (none): a subclass declares its own, typed."""
+
+        model_config = ConfigDict(extra="forbid")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            _register(cls)
+
+    def __init__(self, **options: Any) -> None:
+        self.options = self.Options.model_validate(options)
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """One verdict row per row of `batch` (the columns of `verdict_frame`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define run(batch)")
+
+
+def class_path(cls: type) -> str:
+    """`module:QualifiedName`, how a config names a class it imports."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _register(cls: type[Verifier]) -> None:
+    """Add a verifier class under its name; TypeError for a class that cannot be one."""
+    name = cls.__dict__["name"]
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise TypeError(
+            f"verifier {class_path(cls)}: name must be a non-empty string without ':' "
+            f"or surrounding spaces, not {name!r}"
+        )
+    if cls.run is Verifier.run:
+        raise TypeError(f"verifier {class_path(cls)} does not define run(batch)")
+    if not (isinstance(cls.Options, type) and issubclass(cls.Options, BaseModel)):
+        raise TypeError(f"verifier {class_path(cls)}: Options must be a pydantic model")
+    stray = sorted(set(cls.operational) - set(cls.Options.model_fields))
+    if stray:
+        raise TypeError(f"verifier {class_path(cls)}: operational names no option: {stray}")
+    taken = _REGISTERED.get(name)
+    # the same class defined again (its module reloaded) replaces itself
+    if taken is not None and class_path(taken) != class_path(cls):
+        raise TypeError(
+            f"verifier name {name!r} is taken: {class_path(taken)} and {class_path(cls)} "
+            "both claim it"
+        )
+    _REGISTERED[name] = cls
+
+
+def registered() -> dict[str, type[Verifier]]:
+    """The verifier classes defined so far, by name."""
+    return dict(_REGISTERED)
 
 
 @dataclass(frozen=True)
@@ -48,11 +122,11 @@ def verdict_frame(
     )
 
 
-def map_rows(name: str, batch: pl.DataFrame, judge: Callable[[dict], Verdict]) -> pl.DataFrame:
-    """Run a per-row judge over a batch, timing each row."""
+def map_rows(name: str, batch: pl.DataFrame, check: Callable[[dict], Verdict]) -> pl.DataFrame:
+    """Run a per-row check over a batch, timing each row."""
     verdicts, elapsed = [], []
     for row in batch.iter_rows(named=True):
         start = time.perf_counter()
-        verdicts.append(judge(row))
+        verdicts.append(check(row))
         elapsed.append((time.perf_counter() - start) * 1000)
     return verdict_frame(name, batch["candidate_id"].to_list(), verdicts, elapsed)

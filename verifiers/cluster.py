@@ -21,6 +21,9 @@ def verify_on_cluster(ray_cfg: RayConfig, name: str, options: dict[str, Any] | N
     import polars as pl
     import ray
 
+    from thresher.verifiers import portable_name
+
+    name = portable_name(name)  # a user's verifier is imported by its module there
     connect(ray_cfg.address)
     if "verify" not in _REMOTE:  # exported to the cluster once per process
         _REMOTE["verify"] = ray.remote(num_cpus=1)(_verify_chunk)

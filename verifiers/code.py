@@ -1,22 +1,26 @@
-"""The `code` verifier: the candidate's code passes the prompt's tests, judged in a sandbox."""
+"""The `code` verifier: the candidate's code passes the prompt's tests, run in a sandbox."""
 
 from __future__ import annotations
 
 import ast
 import json
 import re
+from typing import Literal
 
 import polars as pl
+from pydantic import Field
 
-from thresher.verifiers.base import Verdict, verdict_frame
+from thresher.verifiers.base import Verdict, Verifier, verdict_frame
 from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-ISOLATIONS = ("judge", "shared")
+ISOLATIONS = ("referee", "shared")
+# the referee's former name: configs that spell it out keep their verdicts (and digests)
+FORMER_ISOLATIONS = {"judge": "referee"}
 
 
 class BadTests(ValueError):
-    """The prompt's tests cannot judge anything; the message is the verdict's reason."""
+    """The prompt's tests cannot check anything; the message is the verdict's reason."""
 
 
 def extract_code(text: str) -> str:
@@ -84,7 +88,7 @@ def build_job(
     prompt: str | None,
     tests: str | None,
     meta: str | None,
-    isolation: str = "judge",
+    isolation: str = "referee",
 ) -> Job:
     """A sandbox job from a candidate and its prompt's tests; raises BadTests.
 
@@ -105,13 +109,13 @@ def build_job(
     return Job(code, parsed, entry, prompt, isolation)
 
 
-class UnitTests:
+class UnitTests(Verifier):
     """Run each candidate's code against its prompt's tests in sandboxes, many in parallel.
 
     Options: `timeout_s` (all of one candidate's tests), `test_timeout_s` (one test),
     `cpu_s`, `memory_mb`, `file_mb`, `max_procs`, `output_mb` (per candidate process),
-    `abs_tol` / `rel_tol` (numbers in stdin/stdout output), `isolation` ("judge", the
-    default: tests run in a judge process the code cannot reach; "shared": tests run in
+    `abs_tol` / `rel_tol` (numbers in stdin/stdout output), `isolation` ("referee", the
+    default: tests run in a referee process the code cannot reach; "shared": tests run in
     the candidate's own process, needed for tests that touch its objects, and forgeable),
     `workers` (sandboxes at once; default: CPU count).
     """
@@ -119,7 +123,27 @@ class UnitTests:
     name = "code"
     operational = frozenset({"workers"})
 
-    def __init__(self, workers: int | None = None, isolation: str = "judge", **limits):
+    class Options(Verifier.Options):
+        # the defaults are Limits' own
+        timeout_s: float = Field(10.0, gt=0, description="all of one candidate's tests")
+        test_timeout_s: float | None = Field(None, gt=0, description="one test (default: all)")
+        cpu_s: int = Field(10, ge=1, description="CPU seconds per candidate process")
+        memory_mb: int = Field(1024, ge=1, description="address space per candidate process")
+        file_mb: int = Field(16, ge=0, description="largest file a candidate may write")
+        max_procs: int = Field(32, ge=1, description="processes in the sandbox")
+        tmp_mb: int = Field(64, ge=1, description="size of the sandbox's /tmp")
+        output_mb: float = Field(16.0, gt=0, description="a program's output or one value")
+        abs_tol: float = Field(0.0, ge=0, description="stdin/stdout numbers: absolute tolerance")
+        rel_tol: float = Field(0.0, ge=0, description="stdin/stdout numbers: relative tolerance")
+        isolation: Literal["referee", "shared", "judge"] = Field(
+            "referee",
+            description="referee: tests run where the code cannot reach ('judge': "
+            "its former name); shared: in the candidate's process, forgeable",
+        )
+        workers: int | None = Field(None, ge=1, description="sandboxes at once (default: CPUs)")
+
+    def __init__(self, workers: int | None = None, isolation: str = "referee", **limits):
+        isolation = FORMER_ISOLATIONS.get(isolation, isolation)
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.limits = Limits(**limits)
@@ -127,6 +151,7 @@ class UnitTests:
         self.isolation = isolation
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """One verdict per row (columns candidate_id, text; prompt, tests, meta if present)."""
         rows = batch.to_dicts()
         verdicts = [Verdict(0.0, False, "")] * len(rows)
         elapsed = [0.0] * len(rows)

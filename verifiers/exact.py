@@ -6,7 +6,7 @@ import re
 
 import polars as pl
 
-from thresher.verifiers.base import Verdict, map_rows, quote
+from thresher.verifiers.base import Verdict, Verifier, map_rows, quote
 from thresher.verifiers.extract import extract_answer
 
 
@@ -21,7 +21,7 @@ def normalise(answer: str) -> str:
     return a
 
 
-def judge(text: str, reference: str | None) -> Verdict:
+def check(text: str, reference: str | None) -> Verdict:
     """Pass when the extracted answer equals the reference after normalisation."""
     if reference is None or not str(reference).strip():
         return Verdict(0.0, False, "no reference answer for this prompt")
@@ -34,11 +34,11 @@ def judge(text: str, reference: str | None) -> Verdict:
     return Verdict(0.0, False, f"{how}: {quote(answer)} != {quote(reference)}")
 
 
-class ExactMatch:
+class ExactMatch(Verifier):
     """The `exact` verifier: extracted final answer == reference answer."""
 
     name = "exact"
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row of `batch` (columns candidate_id, text, answer)."""
-        return map_rows(self.name, batch, lambda row: judge(row["text"], row["answer"]))
+        return map_rows(self.name, batch, lambda row: check(row["text"], row["answer"]))

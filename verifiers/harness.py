@@ -1,22 +1,22 @@
-"""The judge and the candidate runner that live inside the code sandbox (stdlib only).
+"""The referee and the candidate runner that live inside the code sandbox (stdlib only).
 
 This file is not imported by the pipeline: `sandbox.py` runs its text with
-`python3 -I -S -c SOURCE judge` inside bubblewrap, where it is the namespace's init.
+`python3 -I -S -c SOURCE referee` inside bubblewrap, where it is the namespace's init.
 
 Roles, each its own process:
 
-- the judge (pid 1 of the sandbox): reads the jobs on stdin, runs the tests, which are
+- the referee (pid 1 of the sandbox): reads the jobs on stdin, runs the tests, which are
   trusted data, and prints one verdict per job. Candidates cannot signal it (init
   ignores signals it has no handler for), read its memory or descriptors (it is not
   dumpable), or reach its interpreter.
-- the starter: a fresh interpreter started by the judge before any candidate runs; it
+- the starter: a fresh interpreter started by the referee before any candidate runs; it
   never sees a test. For each candidate process it forks itself, so the candidate's
   memory holds nothing but the starter and the candidate's own code.
 - the candidate: runs the code under resource limits. With function tests it answers
-  calls from the judge: arguments and results cross a socket as plain values (numbers,
+  calls from the referee: arguments and results cross a socket as plain values (numbers,
   strings, bytes, None, booleans, tuples, lists, dicts, sets, exact built-in types
-  only), so every comparison happens in the judge. With stdin/stdout tests it is a
-  program whose output the judge compares. With `isolation: shared` it runs the tests
+  only), so every comparison happens in the referee. With stdin/stdout tests it is a
+  program whose output the referee compares. With `isolation: shared` it runs the tests
   itself and reports the count, which the candidate can forge.
 """
 
@@ -45,7 +45,7 @@ PREIMPORT = (
 
 
 class NotPlain(Exception):
-    """A value that may not cross between the candidate and the judge."""
+    """A value that may not cross between the candidate and the referee."""
 
 
 def encode(value, depth=0):
@@ -268,7 +268,7 @@ def _callables(ns):
 
 
 def serve_calls(sock, code):
-    """Load the code, report its callables, then answer the judge's calls until it hangs up."""
+    """Load the code, report its callables, then answer the referee's calls until it hangs up."""
     ns = {"__name__": "__candidate__", "__builtins__": builtins}
     try:
         exec(compile(code, "<candidate>", "exec"), ns)
@@ -367,7 +367,7 @@ def not_dumpable():
 
 
 def starter_main(fd):
-    """Fork a candidate process for each request of the judge and report its exit status."""
+    """Fork a candidate process for each request of the referee and report its exit status."""
     not_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in PREIMPORT.split():
@@ -398,7 +398,7 @@ def starter_main(fd):
         ctl.send(json.dumps({"exit": status}).encode())
 
 
-# -- the judge -------------------------------------------------------------------------
+# -- the referee -----------------------------------------------------------------------
 
 
 class Stop(BaseException):
@@ -410,7 +410,7 @@ class Stop(BaseException):
 
 
 class Starter:
-    """The judge's handle on the starter process (restarted if a candidate kills it)."""
+    """The referee's handle on the starter process (restarted if a candidate kills it)."""
 
     def __init__(self, source):
         self.source = source
@@ -486,7 +486,7 @@ class Starter:
         return None
 
 
-class Judge:
+class Referee:
     """Runs jobs one after another: each against fresh candidate processes."""
 
     def __init__(self, source, limits):
@@ -526,8 +526,8 @@ class Judge:
             passed, reason = False, e.reason
         except Timeout:
             passed, reason = False, f"timed out after {self.limits['timeout_s']} s"
-        except Exception as e:  # a fault of the judge or of the tests, never a pass
-            passed, reason = False, f"the judge could not run the tests: {_describe(e)}"
+        except Exception as e:  # a fault of the referee or of the tests, never a pass
+            passed, reason = False, f"the referee could not run the tests: {_describe(e)}"
         finally:
             self.disarm()
             self.clean_up()
@@ -538,7 +538,7 @@ class Judge:
         }
 
     def clean_up(self):
-        """Kill every process but the judge and the starter; empty /tmp (inside a sandbox)."""
+        """Kill every process but the referee and the starter; empty /tmp (inside a sandbox)."""
         if os.getpid() != 1:
             return
         for name in os.listdir("/proc"):
@@ -588,7 +588,7 @@ class Judge:
         Builtins, the prompt's code and the tests' own definitions win over the candidate's
         names, so the candidate cannot stand in for a helper that the tests check it with.
         """
-        ns = {"__name__": "__judge__", "__builtins__": builtins, COUNTER: conn.count_assert}
+        ns = {"__name__": "__referee__", "__builtins__": builtins, COUNTER: conn.count_assert}
         for name in names:
             if not hasattr(builtins, name):  # `len` or `sorted` in a test is the real one
                 ns[name] = conn.proxy(name)
@@ -638,11 +638,11 @@ class Judge:
         if conn.stop:
             return False, conn.stop
         if conn.calls == 0:
-            return False, "the tests never called the candidate's code, so they cannot judge it"
+            return False, "the tests never called the candidate's code, so they cannot test it"
         if conn.asserts == 0:
             return False, "the tests checked no assertion"
         checked = f"{conn.asserts} assertion{'s' if conn.asserts != 1 else ''}"
-        return True, f"{summary} ({checked} checked in the judge)"
+        return True, f"{summary} ({checked} checked in the referee)"
 
     def exec_one(self, source, filename, ns, conn, deadline, per_test, entry=None):
         """Run one test (or test code, then check(entry)) under the time limits."""
@@ -751,7 +751,7 @@ class Judge:
 
 
 class Conn:
-    """The judge's end of one candidate process running function tests."""
+    """The referee's end of one candidate process running function tests."""
 
     def __init__(self, sock, cap, deadline):
         self.sock, self.cap, self.deadline = sock, cap, deadline
@@ -824,7 +824,7 @@ class Conn:
         if kind == "refused":
             raise self.stopped(
                 f"{shown} returned {str(body)[:100]}: only plain values (numbers, strings, "
-                "bytes, None, booleans, tuples, lists, dicts, sets) cross to the judge"
+                "bytes, None, booleans, tuples, lists, dicts, sets) cross to the referee"
             )
         if kind == "exit":
             raise self.stopped(f"{shown} tried to exit ({str(body)[:40]})")
@@ -835,11 +835,11 @@ class Conn:
 
 
 class CandidateError(Exception):
-    """An exception the candidate raised, of a type the judge does not know."""
+    """An exception the candidate raised, of a type the referee does not know."""
 
 
 def candidate_exception(name, message):
-    """The candidate's exception as the judge sees it: a built-in type, or CandidateError."""
+    """The candidate's exception as the referee sees it: a built-in type, or CandidateError."""
     cls = getattr(builtins, name, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
         try:
@@ -951,7 +951,7 @@ def compare_output(got, want, abs_tol=0.0, rel_tol=0.0):
 
 
 def reap():
-    """Collect exited children (as the namespace's init, the judge inherits orphans)."""
+    """Collect exited children (as the namespace's init, the referee inherits orphans)."""
     while True:
         try:
             got, _ = os.waitpid(-1, os.WNOHANG)
@@ -961,13 +961,13 @@ def reap():
             return
 
 
-def judge_main():
+def referee_main():
     not_dumpable()
     payload = json.loads(sys.stdin.read())
     sys.stdin.close()
-    judge = Judge(payload["source"], payload["limits"])
+    referee = Referee(payload["source"], payload["limits"])
     for job in payload["jobs"]:
-        sys.stdout.write(json.dumps(judge.run(job)) + "\n")
+        sys.stdout.write(json.dumps(referee.run(job)) + "\n")
         sys.stdout.flush()
 
 
@@ -975,7 +975,7 @@ def main():
     if sys.argv[1:2] == ["starter"]:
         starter_main(int(sys.argv[2]))
     else:
-        judge_main()
+        referee_main()
 
 
 if __name__ == "__main__":

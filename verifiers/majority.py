@@ -8,7 +8,7 @@ candidates (those with no answer count too), at least `min_votes` votes, and no 
 has as many. A candidate passes when its answer is in that group. The reference answer is
 never read.
 
-The verifier judges a prompt's candidates together, so a batch must hold all of them
+The verifier scores a prompt's candidates together, so a batch must hold all of them
 (trait `groups`: the curate flow hands it every candidate of a prompt it verifies).
 """
 
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import polars as pl
+from pydantic import Field, Strict, StrictInt
 
-from thresher.verifiers.base import Verdict, quote, verdict_frame
+from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
 
 COMPARES = ("math", "exact")
 _COMPARE_TIMEOUT_S = 5.0  # one sympy comparison of two answers, in a math worker
@@ -49,16 +51,16 @@ class Group:
 
 def _math_vote(text: str) -> Vote | str:
     """The candidate's final answer as the math verifier finds it, or why there is none."""
-    from thresher.verifiers.math_answer import _clean, _plain_value, math_answers
+    from thresher.verifiers.math_answer import clean_answer, math_answers, plain_value
 
     answers, how = math_answers(text)
     if not answers:
         return NO_ANSWER
-    values = [_plain_value(a) for a in answers]
+    values = [plain_value(a) for a in answers]
     if all(v is not None for v in values):
         distinct = set(values)
     else:  # several answers not all plain numbers: different writings count as different
-        distinct = {_clean(a.text) for a in answers}
+        distinct = {clean_answer(a.text) for a in answers}
     if len(distinct) > 1:
         return f"hedged: {len(distinct)} different final answers ({how})"
     last, value = answers[-1], values[-1]
@@ -68,7 +70,7 @@ def _math_vote(text: str) -> Vote | str:
         start, end = latex_spans(text)[-1]
         shown = text[start:end]
         return Vote(shown.strip("$ ").strip(), ("latex", shown), shown, text)
-    shown = _clean(last.text)
+    shown = clean_answer(last.text)
     if value is not None:
         return Vote(shown, value, None, text)  # equal Decimals hash alike: 20 and 20.0
     ref = "\\boxed{" + shown + "}" if last.kind == "expr" else "The answer is " + last.text
@@ -134,12 +136,12 @@ def _merged(groups: list[Group], equal: list[tuple[int, int]]) -> list[Group]:
 def merge_equivalent(prompts: list[tuple[list[Group], dict[int, Vote]]]) -> list[list[Group]]:
     """Each prompt's groups with those the math verifier finds equal ("1/2" and "0.5")
     joined; every prompt's comparisons run in one batch of math workers."""
-    from thresher.verifiers.math_workers import judge_in_workers
+    from thresher.verifiers.math_workers import check_in_workers
 
     todo = [(p, i, j, job) for p, (g, v) in enumerate(prompts) for i, j, job in _comparisons(g, v)]
     equal: list[list[tuple[int, int]]] = [[] for _ in prompts]
     if todo:
-        results = judge_in_workers([job for *_, job in todo], _COMPARE_TIMEOUT_S)
+        results = check_in_workers([job for *_, job in todo], _COMPARE_TIMEOUT_S)
         for (p, i, j, _), (verdict, _) in zip(todo, results, strict=True):
             if verdict.passed:  # a comparison that timed out keeps the answers apart
                 equal[p].append((i, j))
@@ -171,7 +173,7 @@ def pseudo_label(
     return top, f"pseudo-label {quote(top.shown)}: {votes} of {n} answers agree"
 
 
-class Majority:
+class Majority(Verifier):
     """Pass the candidates whose final answer is the one most of the prompt's candidates
     give (a pseudo-label for prompts without a reference answer); the reference is ignored.
 
@@ -183,7 +185,16 @@ class Majority:
     """
 
     name = "majority"
-    groups = True  # judges a prompt's candidates together: a batch holds all of them
+    groups = True  # scores a prompt's candidates together: a batch holds all of them
+
+    class Options(Verifier.Options):
+        min_agreement: Annotated[float, Strict()] = Field(
+            0.5, gt=0, le=1, description="share of the prompt's unhinted candidates needed"
+        )
+        min_votes: StrictInt = Field(2, ge=1, description="votes the top answer needs")
+        compare: Literal["math", "exact"] = Field(
+            "math", description="math: equivalent as math reads them; exact: normalised text"
+        )
 
     def __init__(self, min_agreement: float = 0.5, min_votes: int = 2, compare: str = "math"):
         if isinstance(min_agreement, bool) or not isinstance(min_agreement, int | float):
@@ -230,12 +241,12 @@ class Majority:
         keyed = [(_groups_by_key(votes), votes) for _, votes in prompts.values()]
         grouped = merge_equivalent(keyed) if self.compare == "math" else [g for g, _ in keyed]
         for (rows, votes), groups in zip(prompts.values(), grouped, strict=True):
-            self._judge(rows, votes, groups, verdicts)
+            self._decide(rows, votes, groups, verdicts)
         each = (time.perf_counter() - start) * 1000 / max(batch.height, 1)
         ids = batch["candidate_id"].to_list()
         return verdict_frame(self.name, ids, verdicts, [each] * batch.height)  # type: ignore[arg-type]
 
-    def _judge(
+    def _decide(
         self,
         rows: list[int],
         votes: dict[int, Vote],

@@ -15,8 +15,9 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 import polars as pl
+from pydantic import Field, field_validator
 
-from thresher.verifiers.base import Verdict, quote, verdict_frame
+from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
 from thresher.verifiers.extract import NUMBER, latex_spans, marked_answers, mask_math
 
 _TEXT_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{[a-zA-Z ]+\}")
@@ -58,7 +59,8 @@ class Answer:
     kind: str  # "expr" | "text" | "latex" | "number"
 
 
-def _clean(answer: str) -> str:
+def clean_answer(answer: str) -> str:
+    """An answer without surrounding spaces, a trailing dot, a currency $ or $ delimiters."""
     a = answer.strip().rstrip(".").strip()
     a = _DOLLAR_AMOUNT.sub("", a)  # "$12" (money), not a LaTeX delimiter
     return a.strip("$ ").strip()
@@ -100,7 +102,7 @@ def _fragment(text: str) -> Answer:
     inner = text.strip()
     if latex_spans(inner, bare_fractions=False) or (_is_prose(inner) and not _is_words(inner)):
         return Answer(inner, "text")
-    return Answer(_clean(inner), "expr")
+    return Answer(clean_answer(inner), "expr")
 
 
 def math_answers(text: str, pattern: str | None = None) -> tuple[list[Answer], str]:
@@ -148,11 +150,12 @@ def _several(answer: str) -> bool:
     return sum(1 for p in parts if NUMBER.search(p)) > 1
 
 
-def _plain_value(answer: Answer) -> Decimal | None:
+def plain_value(answer: Answer) -> Decimal | None:
+    """The value of an answer that is a plain number, else None."""
     if answer.kind == "number":
         return _plain_number(answer.text, decimal_comma=True)
     if answer.kind == "expr":
-        return _plain_number(_clean(answer.text))
+        return _plain_number(clean_answer(answer.text))
     return None
 
 
@@ -163,18 +166,20 @@ def quick_verdict(text: str, reference: str | None, pattern: str | None = None) 
     answers, how = math_answers(text, pattern)
     if not answers:
         return Verdict(0.0, False, "no final answer found")
-    want = _plain_number(_clean(str(reference)), decimal_comma=True)
+    want = _plain_number(clean_answer(str(reference)), decimal_comma=True)
     if want is None:
         return None
-    listed = [a.text for a in answers if a.kind in ("expr", "text") and _several(_clean(a.text))]
+    listed = [
+        a.text for a in answers if a.kind in ("expr", "text") and _several(clean_answer(a.text))
+    ]
     if listed:
         return Verdict(0.0, False, f"hedged: several values in {quote(listed[0])} ({how})")
-    values = [_plain_value(a) for a in answers]
+    values = [plain_value(a) for a in answers]
     if any(v is None for v in values):
         return None
     if len(set(values)) > 1:
         return Verdict(0.0, False, f"hedged: {len(set(values))} different final answers ({how})")
-    shown = _clean(answers[-1].text)
+    shown = clean_answer(answers[-1].text)
     if values[0] == want:
         return Verdict(1.0, True, f"{how}: {quote(shown)} equals {quote(reference)}")
     return Verdict(0.0, False, f"{how}: {quote(shown)} is not {quote(reference)}")
@@ -301,13 +306,13 @@ def _hedge(gold_value, answers: list[Answer], parsed: list[tuple], how: str) -> 
     if not _single_valued(gold_value) or len(parsed) > 1:
         return None
     shown = _shown(parsed[0], answers[-1].text)
-    listed = getattr(gold_value, "is_number", False) and _several(_clean(shown))
+    listed = getattr(gold_value, "is_number", False) and _several(clean_answer(shown))
     if _is_several(_value(parsed[0])) or listed:
         return Verdict(0.0, False, f"hedged: several values in {quote(shown)} ({how})")
     return None
 
 
-def judge_full(text: str, reference: str | None, pattern: str | None = None) -> Verdict:
+def check_full(text: str, reference: str | None, pattern: str | None = None) -> Verdict:
     """The verdict, with sympy where needed (no timeout here: the caller provides it)."""
     quick = quick_verdict(text, reference, pattern)
     if quick is not None:
@@ -329,7 +334,7 @@ def judge_full(text: str, reference: str | None, pattern: str | None = None) -> 
     return Verdict(0.0, False, f"{how}: {quote(shown)} is not {quote(reference)}")
 
 
-class MathAnswer:
+class MathAnswer(Verifier):
     """Extract the final answer and check equivalence the way math-verify does, then the
     hedge rule; sympy work runs in worker processes killed after `timeout_s` per candidate.
 
@@ -339,25 +344,39 @@ class MathAnswer:
     name = "math"
     version = 2  # 2: several different "the answer is" statements are a hedge
 
+    class Options(Verifier.Options):
+        pattern: str | None = Field(None, description="a regex whose group 1 is the answer")
+        timeout_s: float = Field(5, gt=0, description="per candidate (a hard limit)")
+
+        @field_validator("pattern")
+        @classmethod
+        def _compiles(cls, pattern: str | None) -> str | None:
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"not a valid regex: {e}") from None
+            return pattern
+
     def __init__(self, pattern: str | None = None, timeout_s: float = 5):
         self.pattern = pattern
         self.timeout_s = timeout_s
 
-    def judge(self, text: str, reference: str | None) -> Verdict:
+    def check(self, text: str, reference: str | None) -> Verdict:
         """The verdict on one completion."""
-        return self._judge_many([(text, reference)])[0][0]
+        return self._check_many([(text, reference)])[0][0]
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text, answer)."""
         pairs = list(zip(batch["text"].to_list(), batch["answer"].to_list(), strict=True))
-        results = self._judge_many(pairs)
+        results = self._check_many(pairs)
         verdicts = [v for v, _ in results]
         elapsed = [ms for _, ms in results]
         return verdict_frame(self.name, batch["candidate_id"].to_list(), verdicts, elapsed)
 
-    def _judge_many(self, pairs: list[tuple[str, str | None]]) -> list[tuple[Verdict, float]]:
+    def _check_many(self, pairs: list[tuple[str, str | None]]) -> list[tuple[Verdict, float]]:
         """(verdict, elapsed ms) per (text, reference): plain numbers here, the rest in workers."""
-        from thresher.verifiers.math_workers import judge_in_workers
+        from thresher.verifiers.math_workers import check_in_workers
 
         results: list[tuple[Verdict, float] | None] = []
         slow = []
@@ -369,7 +388,7 @@ class MathAnswer:
                 slow.append(i)
         if slow:
             jobs = [(pairs[i][0] or "", str(pairs[i][1]), self.pattern) for i in slow]
-            for i, result in zip(slow, judge_in_workers(jobs, self.timeout_s), strict=True):
+            for i, result in zip(slow, check_in_workers(jobs, self.timeout_s), strict=True):
                 results[i] = result
         return results  # type: ignore[return-value]
 

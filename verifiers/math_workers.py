@@ -79,7 +79,7 @@ class WorkerPool:
         self.workers: list[_Worker] = []
         self.lock = threading.Lock()
 
-    def judge(self, jobs: list[tuple], timeout_s: float) -> list[tuple[Verdict, float]]:
+    def check(self, jobs: list[tuple], timeout_s: float) -> list[tuple[Verdict, float]]:
         """(verdict, elapsed ms) per (text, reference, pattern) job, each within timeout_s."""
         with self.lock:
             return _Batch(self, jobs, timeout_s).run()
@@ -236,9 +236,9 @@ def worker_pool() -> WorkerPool:
         return _POOL
 
 
-def judge_in_workers(jobs: list[tuple], timeout_s: float) -> list[tuple[Verdict, float]]:
+def check_in_workers(jobs: list[tuple], timeout_s: float) -> list[tuple[Verdict, float]]:
     """(verdict, elapsed ms) per (text, reference, pattern), each killed after timeout_s."""
-    return worker_pool().judge(jobs, timeout_s)
+    return worker_pool().check(jobs, timeout_s)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -267,15 +267,15 @@ def main() -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _limit_memory()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    from thresher.verifiers.math_answer import judge_full
+    from thresher.verifiers.math_answer import check_full
 
-    judge_full(r"\boxed{\frac{1}{2}}", "0.5")  # imports and first-parse set-up, before "ready"
+    check_full(r"\boxed{\frac{1}{2}}", "0.5")  # imports and first-parse set-up, before "ready"
     reply.write(_READY + "\n")
     reply.flush()
     for line in sys.stdin:
         text, reference, pattern = json.loads(line)
         try:
-            verdict = judge_full(text, reference, pattern)
+            verdict = check_full(text, reference, pattern)
         except Exception as e:  # a bug or odd input: this candidate fails, the worker lives
             verdict = Verdict(0.0, False, f"math verifier error: {type(e).__name__}")
         reply.write(json.dumps([verdict.score, verdict.passed, verdict.reason]) + "\n")

@@ -9,8 +9,9 @@ import traceback
 from typing import Any
 
 import polars as pl
+from pydantic import Field
 
-from thresher.verifiers.base import Verdict, verdict_frame
+from thresher.verifiers.base import Verdict, Verifier, verdict_frame
 
 # Loaded (tokenizer, model) per folder. Scoring empties it when done (see release), so a
 # model lives only while a batch is scored, inside the device slot that covers it.
@@ -53,7 +54,7 @@ def _load(path: str):
     return _MODELS[path]
 
 
-class RewardModel:
+class RewardModel(Verifier):
     """Score (prompt, candidate) with a reward model; pass by threshold or top-n per prompt.
 
     Options: `model` (a local folder), `threshold` (pass when score >= it; default 0.0),
@@ -68,6 +69,13 @@ class RewardModel:
     uses_device = True
     ranks = True
     operational = frozenset({"batch_size"})
+
+    class Options(Verifier.Options):
+        model: str = Field(description="a local reward model folder")
+        threshold: float | None = Field(None, description="pass when score >= it (default 0.0)")
+        top_n: int | None = Field(None, ge=1, description="instead: the n best of each prompt")
+        batch_size: int = Field(16, ge=1, description="candidates scored at once")
+        max_length: int = Field(2048, ge=1, description="tokens of prompt and candidate")
 
     def __init__(
         self,
@@ -219,7 +227,7 @@ def reward_model_gate(
         raise RewardModelRejected(
             f"no pairwise accuracy recorded for reward model {model}: run "
             f"`thresher rm-check --model {model} --from-lake` (or --pairs FILE) first, "
-            "or set select.force_reward_model: true"
+            "or set gates.force_reward_model: true"
         )
     figure = {k: check.get(k) for k in ("accuracy", "low", "high", "pairs", "checked_at")}
     figure["min_accuracy"] = min_accuracy
@@ -231,5 +239,5 @@ def reward_model_gate(
         f"reward model {model} has pairwise accuracy {_figure(check)} on {check['pairs']} "
         f"pairs (< {min_accuracy}, thresher rm-check at {check['checked_at']}); a reward "
         "model this often wrong about which answer is better keeps wrong answers: check a "
-        "better one, or set select.force_reward_model: true to use it anyway"
+        "better one, or set gates.force_reward_model: true to use it anyway"
     )

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import polars as pl
+from pydantic import Field, field_validator
 
-from thresher.verifiers.base import Verdict, map_rows, quote
+from thresher.verifiers.base import Verdict, Verifier, map_rows, quote
 from thresher.verifiers.extract import final_answers
 
 _LETTER = re.compile(r"^\(?([A-Za-z])\)?[.:)]?$")
 _LETTERS_IN = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")
 
 
-class Choice:
+class Choice(Verifier):
     """The `choice` verifier: the chosen letter equals the reference letter.
 
     The letter comes from \\boxed{}, <answer>, `####` or "the answer is (B)"; naming
@@ -24,7 +26,8 @@ class Choice:
     name = "choice"
     version = 2  # 2: every "the answer is" statement counts, not only the last
 
-    def judge(self, text: str, reference: str | None) -> Verdict:
+    def check(self, text: str, reference: str | None) -> Verdict:
+        """The verdict on one completion."""
         if not reference or not _LETTER.match(reference.strip()):
             return Verdict(0.0, False, f"reference {quote(reference)} is not a choice letter")
         want = _LETTER.match(reference.strip()).group(1).upper()
@@ -43,20 +46,26 @@ class Choice:
         return Verdict(float(passed), passed, f"{how}: chose {got}, reference {want}")
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
-        return map_rows(self.name, batch, lambda row: self.judge(row["text"], row["answer"]))
+        """One verdict per row (columns candidate_id, text, answer)."""
+        return map_rows(self.name, batch, lambda row: self.check(row["text"], row["answer"]))
 
 
-class Regex:
+class Regex(Verifier):
     """The `regex` verifier: the final answer (or, with `whole: true`, the whole text)
     fully matches the reference answer read as a regular expression."""
 
     name = "regex"
 
+    class Options(Verifier.Options):
+        whole: bool = Field(False, description="match the whole text, not the final answer")
+        flags: str = Field("", description='"i": ignore case')
+
     def __init__(self, whole: bool = False, flags: str = ""):
         self.whole = whole
         self.flags = re.IGNORECASE if "i" in flags else 0
 
-    def judge(self, text: str, reference: str | None) -> Verdict:
+    def check(self, text: str, reference: str | None) -> Verdict:
+        """The verdict on one completion."""
         if not reference:
             return Verdict(0.0, False, "no reference pattern for this prompt")
         try:
@@ -76,10 +85,11 @@ class Regex:
         return Verdict(float(passed), passed, f"{how}: {shown}")
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
-        return map_rows(self.name, batch, lambda row: self.judge(row["text"], row["answer"]))
+        """One verdict per row (columns candidate_id, text, answer)."""
+        return map_rows(self.name, batch, lambda row: self.check(row["text"], row["answer"]))
 
 
-class Format:
+class Format(Verifier):
     """The `format` verifier: required tags or sections are present, in order, once each;
     optionally the text inside `json_tag` (or the whole text) is JSON valid against
     `json_schema`.
@@ -89,6 +99,27 @@ class Format:
     """
 
     name = "format"
+
+    class Options(Verifier.Options):
+        required: list[str] | None = Field(
+            None, description="tags or sections that appear once each, in this order"
+        )
+        json_schema: dict[str, Any] | None = Field(
+            None, description="a JSON Schema the JSON inside json_tag (or the text) meets"
+        )
+        json_tag: str | None = Field(None, description='the tag around the JSON, e.g. "answer"')
+
+        @field_validator("json_schema")
+        @classmethod
+        def _schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+            if schema is not None:
+                import jsonschema
+
+                try:
+                    jsonschema.Draft202012Validator.check_schema(schema)
+                except jsonschema.SchemaError as e:
+                    raise ValueError(f"not a valid JSON Schema: {e.message}") from None
+            return schema
 
     def __init__(
         self,
@@ -106,7 +137,8 @@ class Format:
             jsonschema.Draft202012Validator.check_schema(json_schema)
             self._validator = jsonschema.Draft202012Validator(json_schema)
 
-    def judge(self, text: str) -> Verdict:
+    def check(self, text: str) -> Verdict:
+        """The verdict on one completion."""
         pos = 0
         for marker in self.required:
             count = text.count(marker)
@@ -136,4 +168,5 @@ class Format:
         return Verdict(1.0, True, "format ok")
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
-        return map_rows(self.name, batch, lambda row: self.judge(row["text"]))
+        """One verdict per row (columns candidate_id, text)."""
+        return map_rows(self.name, batch, lambda row: self.check(row["text"]))

@@ -1,11 +1,11 @@
-"""Run untrusted code against trusted tests in a sandbox; a judge the code cannot reach decides.
+"""Run untrusted code against trusted tests in a sandbox; a referee the code cannot reach decides.
 
 One sandbox (bubblewrap: no network, read-only system, private /tmp, nothing of the
 pipeline's files or environment, an unprivileged user) runs `harness.py` as its init
-process: the judge. The judge takes a list of jobs on stdin and runs each job's tests
+process: the referee. The referee takes a list of jobs on stdin and runs each job's tests
 itself, against candidate processes started from a clean starter process that never
 sees a test: function calls cross a socket as plain values, programs' outputs are
-compared in the judge. So exit codes, printed text, patched builtins, objects that equal
+compared in the referee. So exit codes, printed text, patched builtins, objects that equal
 everything and walks through the candidate's own interpreter decide nothing. Several
 sandboxes run in parallel, each taking a chunk of jobs.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 NOBODY = 65534
 
-# Runs inside the sandbox as `python3 -I -S -c HARNESS judge`: standalone, stdlib only.
+# Runs inside the sandbox as `python3 -I -S -c HARNESS referee`: standalone, stdlib only.
 HARNESS = Path(__file__).with_name("harness.py").read_text()
 
 
@@ -50,7 +50,7 @@ class Job:
 
     `tests` is a list of assert statements, test code (with `check(candidate)` when
     `entry_point` is set), or a list of {"input", "output"} dicts for a program that reads
-    stdin. `prompt` is trusted code the judge runs before the tests (HumanEval's helpers).
+    stdin. `prompt` is trusted code the referee runs before the tests (HumanEval's helpers).
     `isolation="shared"` runs function tests inside the candidate's process: forgeable.
     """
 
@@ -58,7 +58,7 @@ class Job:
     tests: str | list
     entry_point: str | None = None
     prompt: str | None = None
-    isolation: str = "judge"
+    isolation: str = "referee"
 
     @property
     def mode(self) -> str:
@@ -102,7 +102,7 @@ def _interpreter() -> str:
 def sandbox_command(limits: Limits) -> tuple[list[str], bool]:
     """The command that starts one harness, and whether it is really sandboxed."""
     python = _interpreter()
-    harness = [python, "-I", "-S", "-c", HARNESS, "judge"]
+    harness = [python, "-I", "-S", "-c", HARNESS, "referee"]
     bwrap = bwrap_path()
     if not bwrap:
         if not _WARNED["done"]:
@@ -133,7 +133,7 @@ def sandbox_command(limits: Limits) -> tuple[list[str], bool]:
         "/proc",
         "--dev",
         "/dev",
-        # --as-pid-1: the judge is the namespace's init, which its children cannot signal
+        # --as-pid-1: the referee is the namespace's init, which its children cannot signal
         "--unshare-all",
         "--as-pid-1",
         "--die-with-parent",
@@ -155,7 +155,7 @@ def _run_chunk(jobs: list[Job], limits: Limits) -> list[Outcome]:
         {"source": HARNESS, "limits": asdict(limits), "jobs": [j.payload() for j in jobs]}
     )
     env = {"PATH": "/usr/bin:/bin"} if not sandboxed else None
-    # the judge enforces each job's timeout; this one only catches a stuck judge
+    # the referee enforces each job's timeout; this one only catches a stuck referee
     backstop = limits.timeout_s * len(jobs) + 30
     # as root, run as `nobody`: the process-count limit then holds, and without a sandbox
     # a candidate's kill(-1) or file writes cannot reach the pipeline's processes or files
@@ -182,7 +182,7 @@ def _run_chunk(jobs: list[Job], limits: Limits) -> list[Outcome]:
             r = json.loads(line)
             outcomes.append(Outcome(bool(r["passed"]), str(r["reason"]), float(r["elapsed_ms"])))
         except (ValueError, KeyError, TypeError):
-            outcomes.append(Outcome(False, "the judge's output was unreadable", 0.0))
+            outcomes.append(Outcome(False, "the referee's output was unreadable", 0.0))
     if len(outcomes) < len(jobs):
         # the sandbox died during the next job: that job fails, the rest get a new sandbox
         outcomes.append(Outcome(False, "the sandbox stopped while this code ran", 0.0))
