@@ -1,1 +1,1 @@
-"""Evaluation: pass@k of a model on held-out prompts, and the per-round report."""
+"""Evaluators: pass@k, verifier audits against human labels, reward-model pairs, round reports."""

@@ -1,4 +1,4 @@
-"""Prefect flows, configs and the `thresher` command line: orchestration only."""
+"""Orchestration only: the Prefect flows, their gates and schedules, the `thresher` command line."""
 
 import os
 

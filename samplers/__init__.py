@@ -1,4 +1,4 @@
-"""Samplers: turn prompts into k candidate answers each."""
+"""Samplers: k candidate answers per prompt from vLLM (a local engine, a server or a Ray pool)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from thresher.ids import content_id
+
+
+def sampling_params(cfg: Any) -> dict[str, Any]:
+    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
+    return cfg.sampling.model_dump(exclude={"k"})
 
 
 def candidate_id(
@@ -70,15 +75,17 @@ def candidate_rows(
     params: dict[str, Any],
     hinted: bool = False,
     indices: Sequence[Sequence[int]] | None = None,
+    ids: Sequence[Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the `candidates` table for each prompt's completions; the i-th completion of
-    a prompt gets sample index `indices[p][i]` (default: 0, 1, 2, ...)."""
+    a prompt gets sample index `indices[p][i]` (default: 0, 1, 2, ...) and, when the caller
+    has them already, id `ids[p][i]` (else computed here)."""
     stamp = datetime.now(UTC)
     rows = []
     for p, (prompt_id, outs) in enumerate(zip(prompt_ids, completions, strict=True)):
         idxs = indices[p] if indices is not None else range(len(outs))
-        ids = candidate_ids(prompt_id, model, round_, idxs, params)
-        for cid, idx, c in zip(ids, idxs, outs, strict=True):
+        cids = ids[p] if ids is not None else candidate_ids(prompt_id, model, round_, idxs, params)
+        for cid, idx, c in zip(cids, idxs, outs, strict=True):
             rows.append(
                 {
                     "candidate_id": cid,

@@ -1,1 +1,1 @@
-"""Selection: which verified candidates become training data (dedup, cap, decontamination)."""
+"""Selection: which verified candidates become training data (rule, difficulty, decontam, dedup)."""

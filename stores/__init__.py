@@ -1,1 +1,1 @@
-"""The lake: table schemas, atomic appends, DuckDB views, ingest, SQL and selection."""
+"""Stores: the Delta lake (schemas, storage, upkeep), a writer per table, views, queries, export."""

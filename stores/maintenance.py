@@ -74,15 +74,15 @@ class BadSnapshot(ValueError):
     """An --as-of value that names no snapshot of the lake."""
 
 
-def as_of_versions(lake: Lake, spec: str) -> dict[str, int]:
+def as_of_versions(lake: Lake, as_of: str) -> dict[str, int]:
     """The table versions an --as-of value names: a time (each table as it was then),
     TABLE=VERSION[,TABLE=VERSION] (others at their latest), or run:RUN_ID (the versions
     that run read). A table that did not exist at that time maps to -1 (empty)."""
-    spec = spec.strip()
-    if spec.startswith("run:"):
+    as_of = as_of.strip()
+    if as_of.startswith("run:"):
         import json
 
-        run_id = spec[4:]
+        run_id = as_of[4:]
         rows = lake.query(
             "SELECT read_versions FROM runs WHERE run_id = ? OR run_id LIKE ? || '%'",
             [run_id, run_id],
@@ -92,9 +92,9 @@ def as_of_versions(lake: Lake, spec: str) -> dict[str, int]:
         if rows[0] is None:
             raise BadSnapshot(f"run {run_id!r} was recorded before runs kept table versions")
         return {t: int(v) for t, v in json.loads(rows[0]).items()}
-    if "=" in spec:
+    if "=" in as_of:
         out = {}
-        for part in spec.split(","):
+        for part in as_of.split(","):
             name, _, version = part.partition("=")
             name = name.strip()
             if name not in TABLES or not version.strip().isdigit():
@@ -104,17 +104,17 @@ def as_of_versions(lake: Lake, spec: str) -> dict[str, int]:
                 raise BadSnapshot(f"{name} has versions 0..{latest}, not {version.strip()}")
             out[name] = int(version)
         return out
-    if spec.isdigit():
+    if as_of.isdigit():
         raise BadSnapshot(
-            f"--as-of {spec}: each table has its own versions; name them (candidates={spec}), "
+            f"--as-of {as_of}: each table has its own versions; name them (candidates={as_of}), "
             "give a time (2026-12-01T14:00), or a run (run:RUN_ID); `thresher history` "
             "lists every table's versions"
         )
     try:
-        when = datetime.fromisoformat(spec)
+        when = datetime.fromisoformat(as_of)
     except ValueError:
         raise BadSnapshot(
-            f"--as-of {spec!r}: expected a time (2026-12-01T14:00, UTC unless it has an "
+            f"--as-of {as_of!r}: expected a time (2026-12-01T14:00, UTC unless it has an "
             "offset), TABLE=VERSION or run:RUN_ID"
         ) from None
     if when.tzinfo is None:

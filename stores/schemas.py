@@ -8,6 +8,10 @@ import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
 
+# What a prompt row says of itself (what ingest reads and verifiers judge by); the rest of
+# the `prompts` table (ids, dataset, split, source) is thresher's own bookkeeping.
+PROMPT_FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
+
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": pa.schema(
         [

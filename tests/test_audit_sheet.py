@@ -12,7 +12,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from typer.testing import CliRunner
 
-from thresher.evaluators.audit import allocate, write_sheet
+from thresher.evaluators.audit_sheet import allocate, write_sheet
 from thresher.flows.cli import app
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

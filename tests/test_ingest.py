@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from thresher.flows.cli import app
-from thresher.stores.ingest import IngestError, ingest
+from thresher.ingest.load import IngestError, ingest
 
 MIXED = [
     b'{"prompt": "What is 1 + 1?", "task": "math", "answer": "2"}',  # 1 valid

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from thresher.flows.cli import app
-from thresher.stores.ingest import IngestError, RowError, ingest, normalise
-from thresher.stores.presets import PRESETS, find_preset, last_boxed
+from thresher.ingest.load import IngestError, RowError, ingest, normalise
+from thresher.ingest.presets import PRESETS, find_preset, last_boxed
 from thresher.verifiers import verify
 
 # -- rows in each dataset's own layout -------------------------------------------------

@@ -121,7 +121,7 @@ def test_rule_combines_verifiers(lake, rule, kept):
 
 
 def test_malformed_rules_are_refused():
-    from thresher.stores.rules import RuleError, rule_names
+    from thresher.rules import RuleError, rule_names
 
     assert rule_names("math and (format or not code)") == {"math", "format", "code"}
     for bad in ("math +", "__import__('os')", "math == 1", "math and"):

@@ -1,1 +1,1 @@
-"""Trainers: models and fine-tuning (tiny local models for demos and tests so far)."""
+"""Trainers: SFT (LoRA or full, one process or torchrun), tiny local models and GGUF import."""

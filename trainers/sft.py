@@ -86,7 +86,7 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_model(base_model: str, spec: TrainSettings, device: str | None = None):
+def load_model(base_model: str, settings: TrainSettings, device: str | None = None):
     """The model to train: base weights, fp32 on CPU, bf16 + gradient checkpointing on GPU,
     wrapped with LoRA when asked; on `device` (default: the GPU when there is one)."""
     import torch
@@ -104,16 +104,16 @@ def load_model(base_model: str, spec: TrainSettings, device: str | None = None):
         model.config.use_cache = False
         if device != "cpu":
             model.to(device or "cuda")
-    if spec.method == "lora":
+    if settings.method == "lora":
         from peft import LoraConfig, get_peft_model
 
         if cuda:
             model.enable_input_require_grads()
         config = LoraConfig(
-            r=spec.lora.r,
-            lora_alpha=spec.lora.alpha,
-            lora_dropout=spec.lora.dropout,
-            target_modules=spec.lora.target_modules,
+            r=settings.lora.r,
+            lora_alpha=settings.lora.alpha,
+            lora_dropout=settings.lora.dropout,
+            target_modules=settings.lora.target_modules,
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, config)
@@ -145,7 +145,7 @@ def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
 
 
 def train(
-    spec: TrainSettings,
+    settings: TrainSettings,
     base_model: str,
     rows: list[dict[str, Any]],
     out_dir: str | Path,
@@ -153,7 +153,7 @@ def train(
     progress: bool = True,
     dist: Dist = ONE,
 ) -> TrainResult:
-    """Fine-tune `base_model` on SFT rows (messages, or prompt + completion) as `spec`
+    """Fine-tune `base_model` on SFT rows (messages, or prompt + completion) as `settings`
     says; resumes from out_dir.
 
     Under torchrun, `dist` is this process's place (trainers.distributed.init_distributed):
@@ -164,35 +164,35 @@ def train(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    model, tokenizer = load_model(base_model, spec, dist.load_device)
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    model, tokenizer = load_model(base_model, settings, dist.load_device)
 
-    examples, report = build_examples(rows, tokenizer, spec.max_len)
+    examples, report = build_examples(rows, tokenizer, settings.max_len)
     if report.skipped and dist.main:
         _log(f"skipped {sum(report.skipped.values())} rows: {dict(report.skipped)}")
     if not examples:
         raise ValueError("no trainable rows: every row was skipped (see the counts above)")
-    n_eval, eval_skipped = eval_split_size(len(examples), spec.eval_fraction)
+    n_eval, eval_skipped = eval_split_size(len(examples), settings.eval_fraction)
     if dist.main and report.fallback_examples:
         _log(f"warning: {report.fallback_note()}")
     if dist.main and eval_skipped:
         _log(f"warning: no eval split: {eval_skipped}")
     shuffled = list(range(len(examples)))
-    random.Random(spec.seed).shuffle(shuffled)
+    random.Random(settings.seed).shuffle(shuffled)
     eval_set = [examples[i] for i in shuffled[:n_eval]]
     train_set = [examples[i] for i in shuffled[n_eval:]]
 
-    per_epoch = math.ceil(math.ceil(len(train_set) / spec.batch_size) / spec.grad_accum)
-    total = spec.max_steps or max(1, math.ceil(per_epoch * spec.epochs))
+    per_epoch = math.ceil(math.ceil(len(train_set) / settings.batch_size) / settings.grad_accum)
+    total = settings.max_steps or max(1, math.ceil(per_epoch * settings.epochs))
     ckpts = _checkpoints(out)
     if ckpts:  # weights go in before FSDP shards them
-        _load_weights(_read_weights(ckpts[-1]), model, spec)
+        _load_weights(_read_weights(ckpts[-1]), model, settings)
     model = dist.wrap(model)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=learning_rate(spec), weight_decay=spec.weight_decay)
-    sched = get_cosine_schedule_with_warmup(opt, int(total * spec.warmup_ratio), total)
+    opt = torch.optim.AdamW(params, lr=learning_rate(settings), weight_decay=settings.weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, int(total * settings.warmup_ratio), total)
 
     step, resumed_from = 0, 0
     if ckpts:
@@ -216,10 +216,10 @@ def train(
     model.train()
     while step < total:
         epoch = step // per_epoch
-        micro = _batches(len(train_set), spec.batch_size, spec.seed, epoch)
-        first = (step % per_epoch) * spec.grad_accum  # micro-batches this epoch already done
-        for i in range(first, len(micro), spec.grad_accum):
-            group = micro[i : i + spec.grad_accum]
+        micro = _batches(len(train_set), settings.batch_size, settings.seed, epoch)
+        first = (step % per_epoch) * settings.grad_accum  # micro-batches this epoch already done
+        for i in range(first, len(micro), settings.grad_accum):
+            group = micro[i : i + settings.grad_accum]
             loss_sum = dist.sum(_backward(model, train_set, group, pad, device, dist))[0]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
@@ -238,24 +238,24 @@ def train(
                 "tokens_per_s": tokens_done / elapsed if elapsed else 0.0,
                 "eval_loss": None,
             }
-            if eval_set and (step % spec.eval_every == 0 or step == total):
+            if eval_set and (step % settings.eval_every == 0 or step == total):
                 row["eval_loss"] = last_eval = evaluate(
-                    dist.unwrap(model), eval_set, pad, spec.batch_size, dist
+                    dist.unwrap(model), eval_set, pad, settings.batch_size, dist
                 )
-            logged = step % spec.log_every == 0 or step == total or row["eval_loss"]
+            logged = step % settings.log_every == 0 or step == total or row["eval_loss"]
             if on_metrics and dist.main and logged:
                 on_metrics([row])
             bar.set_postfix(
                 loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
             )
             bar.update(1)
-            if step % spec.save_every == 0 or step == total:
-                _save_checkpoint(out, step, model, opt, sched, spec, dist)
+            if step % settings.save_every == 0 or step == total:
+                _save_checkpoint(out, step, model, opt, sched, settings, dist)
             if step >= total:
                 break
     bar.close()
     elapsed = time.perf_counter() - start
-    model_dir, adapter_dir = _export(model, tokenizer, out, spec, base_model, dist)
+    model_dir, adapter_dir = _export(model, tokenizer, out, settings, base_model, dist)
     result = TrainResult(
         steps=step,
         final_loss=last_loss,
@@ -272,15 +272,15 @@ def train(
         fallback_examples=report.fallback_examples,
     )
     if dist.main:
-        _write_lineage(out, spec, base_model, result, dist)
+        _write_lineage(out, settings, base_model, result, dist)
     return result
 
 
 def _write_lineage(
-    out: Path, spec: TrainSettings, base_model: str, result: TrainResult, dist: Dist
+    out: Path, settings: TrainSettings, base_model: str, result: TrainResult, dist: Dist
 ) -> None:
     lineage = {
-        "spec": {"base_model": base_model, **spec.model_dump()},
+        "spec": {"base_model": base_model, **settings.model_dump()},
         "result": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
     }
     if dist.world > 1:
@@ -328,21 +328,21 @@ def evaluate(model, eval_set: list[dict], pad: int, batch_size: int, dist: Dist 
     return total / max(count, 1)
 
 
-def _trainable_state(model, spec: TrainSettings, dist: Dist = ONE) -> dict:
+def _trainable_state(model, settings: TrainSettings, dist: Dist = ONE) -> dict:
     """What a checkpoint keeps: the LoRA weights, or every weight (unsharded, on rank 0)."""
     model = dist.unwrap(model)
     if dist.fsdp:
-        return _gathered_state(model, spec, dist)
-    if spec.method == "lora":
+        return _gathered_state(model, settings, dist)
+    if settings.method == "lora":
         from peft import get_peft_model_state_dict
 
         return get_peft_model_state_dict(model)
     return model.state_dict()
 
 
-def _gathered_state(model, spec: TrainSettings, dist: Dist) -> dict:
+def _gathered_state(model, settings: TrainSettings, dist: Dist) -> dict:
     """_trainable_state of an FSDP-sharded model: gathered, complete on rank 0 only."""
-    lora = spec.method == "lora"
+    lora = settings.method == "lora"
     names = {n for n, p in model.named_parameters() if p.requires_grad} if lora else None
     state = dist.full_state(model, names)
     if lora and dist.main:
@@ -353,17 +353,17 @@ def _gathered_state(model, spec: TrainSettings, dist: Dist) -> dict:
 
 
 def _save_checkpoint(
-    out: Path, step: int, model, opt, sched, spec: TrainSettings, dist: Dist = ONE
+    out: Path, step: int, model, opt, sched, settings: TrainSettings, dist: Dist = ONE
 ) -> None:
     """Every process gathers its part; rank 0 writes the folder whole, then renames it."""
-    weights = _trainable_state(model, spec, dist)
+    weights = _trainable_state(model, settings, dist)
     optim = dist.optim_state(opt)
     if dist.main:
-        _write_checkpoint(out, step, weights, optim, sched, spec)
+        _write_checkpoint(out, step, weights, optim, sched, settings)
     dist.barrier()
 
 
-def _write_checkpoint(out: Path, step: int, weights: dict, optim: dict, sched, spec) -> None:
+def _write_checkpoint(out: Path, step: int, weights: dict, optim: dict, sched, settings) -> None:
     import torch
 
     folder = out / "checkpoints"
@@ -377,7 +377,7 @@ def _write_checkpoint(out: Path, step: int, weights: dict, optim: dict, sched, s
     final = folder / f"step-{step}"
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for old in _checkpoints(out)[: -spec.keep_checkpoints]:
+    for old in _checkpoints(out)[: -settings.keep_checkpoints]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -387,9 +387,9 @@ def _read_weights(path: Path) -> dict:
     return torch.load(path / "weights.pt", map_location="cpu")
 
 
-def _load_weights(weights: dict, model, spec: TrainSettings) -> None:
+def _load_weights(weights: dict, model, settings: TrainSettings) -> None:
     """Put a checkpoint's (unsharded) weights into an unwrapped model."""
-    if spec.method == "lora":
+    if settings.method == "lora":
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, weights)
@@ -407,39 +407,39 @@ def _load_training_state(path: Path, opt, sched, dist: Dist = ONE) -> int:
     return json.loads((path / "state.json").read_text())["step"]
 
 
-def _export_paths(out: Path, spec: TrainSettings) -> tuple[Path | None, Path | None]:
-    """(merged model folder, adapter folder) the spec's output writes, None when not."""
-    adapter = spec.method == "lora" and spec.output in ("adapter", "both")
-    merged = spec.output in ("merged", "both") or spec.method == "full"
+def _export_paths(out: Path, settings: TrainSettings) -> tuple[Path | None, Path | None]:
+    """(merged model folder, adapter folder) the settings' output writes, None when not."""
+    adapter = settings.method == "lora" and settings.output in ("adapter", "both")
+    merged = settings.output in ("merged", "both") or settings.method == "full"
     return (out / "model" if merged else None), (out / "adapter" if adapter else None)
 
 
 def _export(
-    model, tokenizer, out: Path, spec: TrainSettings, base_model: str, dist: Dist = ONE
+    model, tokenizer, out: Path, settings: TrainSettings, base_model: str, dist: Dist = ONE
 ) -> tuple[Path | None, Path | None]:
     """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints.
 
     Rank 0 writes; an FSDP-sharded model is first gathered into a fresh copy on its CPU."""
     if dist.fsdp:
-        state = _trainable_state(model, spec, dist)
+        state = _trainable_state(model, settings, dist)
         if dist.main:
-            model, _ = load_model(base_model, spec, "cpu")
-            _load_weights(state, model, spec)
+            model, _ = load_model(base_model, settings, "cpu")
+            _load_weights(state, model, settings)
     if dist.main:
-        _write_export(dist.unwrap(model), tokenizer, out, spec)
+        _write_export(dist.unwrap(model), tokenizer, out, settings)
     dist.barrier()
-    return _export_paths(out, spec)
+    return _export_paths(out, settings)
 
 
-def _write_export(model, tokenizer, out: Path, spec: TrainSettings) -> None:
+def _write_export(model, tokenizer, out: Path, settings: TrainSettings) -> None:
     import torch
 
-    model_dir, adapter_dir = _export_paths(out, spec)
+    model_dir, adapter_dir = _export_paths(out, settings)
     if adapter_dir:
         model.save_pretrained(adapter_dir)
         tokenizer.save_pretrained(adapter_dir)
     if model_dir:
-        merged = model.merge_and_unload() if spec.method == "lora" else model
+        merged = model.merge_and_unload() if settings.method == "lora" else model
         merged = merged.to(torch.float32) if not torch.cuda.is_available() else merged
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

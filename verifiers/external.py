@@ -9,9 +9,10 @@ from typing import Any
 
 import polars as pl
 
+from thresher.stores.schemas import PROMPT_FIELDS
 from thresher.verifiers import get_verifier
 
-FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
+FIELDS = PROMPT_FIELDS
 
 
 def read_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:

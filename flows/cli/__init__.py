@@ -1,7 +1,6 @@
-"""The `thresher` command line, one module a theme: the lake (ingest, sql, tables), the
-pipelines (curate, eval, train, bootstrap), results (export, report), schedules (schedule,
-trigger) and tools (verify, tiny-model, import-gguf). Heavy libraries are imported inside
-the commands that need them."""
+"""The `thresher` CLI, one module a theme: lake, pipelines, audit, results, schedules, tools."""
+
+# Heavy libraries are imported inside the commands that need them.
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def audit(
     if round_ is None:
         typer.echo(ctx.get_help())
         fail("--round is required to write a sheet", code=2)
-    from thresher.evaluators.audit import AuditError, write_sheet
+    from thresher.evaluators.audit import AuditError
+    from thresher.evaluators.audit_sheet import write_sheet
     from thresher.stores.lake import Lake
 
     try:
@@ -98,7 +99,7 @@ def import_cmd(
     wrong, 1/0); note, who and labelled_at are read when present. Rows without a label are
     skipped; unreadable rows go to `rejects`. Importing the same file twice adds nothing.
     """
-    from thresher.stores.labels import LabelFileError, import_labels
+    from thresher.ingest.labels import LabelFileError, import_labels
     from thresher.stores.lake import Lake
 
     try:

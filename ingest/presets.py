@@ -16,12 +16,11 @@ from typing import Any, NoReturn
 Record = dict[str, Any]
 Derive = Callable[[Record], Any]
 
-FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")  # as in stores.ingest
 PYTHON3 = 3  # CodeContests' Language enum: 0 unknown, 1 PYTHON (2.x), 2 CPP, 3 PYTHON3, 4 JAVA
 
 
 def _reject(reason: str) -> NoReturn:
-    from thresher.stores.ingest import RowError
+    from thresher.ingest.load import RowError
 
     raise RowError(reason)
 
@@ -257,7 +256,8 @@ def apps_tests(record: Record) -> list:
     if _is_method(fn, record):
         _reject(
             f"class-based problem: '{fn}' is a method of the starter code's class; "
-            "an instance cannot cross the code verifier's judge boundary (needs isolation: shared)"
+            "an instance cannot cross the code verifier's referee boundary "
+            "(needs isolation: shared)"
         )
     return _call_tests(fn, inputs, outputs)
 

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+from thresher.ids import content_id
+from thresher.stores.lake import Lake, now
+from thresher.stores.queries import existing_prompts
+from thresher.stores.schemas import PROMPT_FIELDS
+from thresher.stores.tables import reject_row, write_prompts, write_rejects
 
-from thresher.stores.lake import Lake, content_id, now
-from thresher.stores.tables import reject_row, write_rejects
-
-FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
+FIELDS = PROMPT_FIELDS  # the fields of a prompt row
 SPLITS = ("train", "eval")
 FORMATS = ("jsonl", "json", "csv", "parquet", "dataset")
 
@@ -427,7 +428,7 @@ def ingest(
             continue
         valid[prompt_id] = new
 
-    known = _existing_prompts(lake, list(valid))
+    known = existing_prompts(lake, list(valid))
     fresh = []
     for prompt_id, new in valid.items():
         old = known.get(prompt_id)
@@ -439,13 +440,13 @@ def ingest(
             reject(RawRow(new["line"], _raw_of(new)), reason)
         else:
             report.already_present += 1
-    report.ingested = lake.append("prompts", fresh)
+    report.ingested = write_prompts(lake, fresh)
     write_rejects(lake, rejects)
     return report
 
 
 def _find_preset(name: str):
-    from thresher.stores.presets import PRESETS, find_preset
+    from thresher.ingest.presets import PRESETS, find_preset
 
     found = find_preset(name)
     if found is None:
@@ -458,7 +459,7 @@ def _with_hint(reason: str, record: dict, report: IngestReport) -> str:
     missing = next((f for f in ("prompt", "task") if reason.startswith(f"missing {f}")), None)
     if missing is None:
         return reason
-    from thresher.stores.presets import suggest
+    from thresher.ingest.presets import suggest
 
     hint = suggest(record, missing)
     if hint is None:
@@ -470,21 +471,6 @@ def _with_hint(reason: str, record: dict, report: IngestReport) -> str:
 def _raw_of(row: dict) -> str:
     keep = {k: row[k] for k in ("prompt", "messages", "task", "answer", "tests") if row.get(k)}
     return json.dumps(keep, ensure_ascii=False)
-
-
-def _existing_prompts(lake: Lake, ids: list[str]) -> dict[str, dict]:
-    if not ids:
-        return {}
-    con = lake.connect()
-    try:
-        con.register("wanted", pa.table({"prompt_id": ids}))
-        rows = con.sql(
-            "SELECT p.prompt_id, split, task, answer, tests FROM prompts p "
-            "JOIN wanted USING (prompt_id)"
-        ).fetchall()
-    finally:
-        con.close()
-    return {r[0]: dict(zip(("prompt_id", *CONFLICT_FIELDS), r, strict=True)) for r in rows}
 
 
 def parse_mapping(items: list[str]) -> dict[str, str]:

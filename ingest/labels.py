@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from thresher.ids import content_id
-from thresher.stores.ingest import read_csv
+from thresher.ingest.load import read_csv
 from thresher.stores.lake import Lake, now
 from thresher.stores.queries import existing_candidates
 from thresher.stores.tables import reject_row, write_labels, write_rejects
