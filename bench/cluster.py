@@ -65,8 +65,8 @@ def main() -> None:
     from thresher.config import CurateConfig
     from thresher.flows.curate import curate_flow, quiet_task_logs, stop_engine
     from thresher.flows.runtime import flow_settings
+    from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
-    from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
     from thresher.trainers.tiny import make_word_problem_model, write_word_problems
 

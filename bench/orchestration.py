@@ -60,15 +60,15 @@ def main() -> None:
         prompt_rows,
         quiet_task_logs,
         sample_batch,
-        sampling_plan,
         select_batch,
         stop_engine,
         verify_batch,
     )
-    from thresher.flows.identities import plain_ids, run_id_for, selection_id_for
+    from thresher.flows.identities import run_id_for, selection_id_for
     from thresher.flows.runtime import flow_settings
+    from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
-    from thresher.stores.ingest import ingest
+    from thresher.samplers.stage import sampling_plan
     from thresher.stores.lake import Lake
     from thresher.stores.queries import run_summary
     from thresher.trainers.tiny import make_word_problem_model, write_word_problems
@@ -122,10 +122,9 @@ def main() -> None:
         inside["s"] = 0.0
         start = time.perf_counter()
         prompts = prompt_rows(lake, cfg)
-        ks = sampling_plan(lake, cfg, prompts)
+        ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in prompts])
         for batch in batched(prompts, cfg.batch_size):
-            ids = plain_ids(cfg, [r["prompt_id"] for r in batch], ks)
-            sample_batch.fn(root, cfg, run_id, batch, ks)
+            ids = sample_batch.fn(root, cfg, run_id, batch, ks).ids
             verify_batch.fn(root, cfg, run_id, ids)
             select_batch.fn(root, cfg, run_id, ids)
         summary = run_summary(lake, selection_id_for(cfg))

@@ -53,8 +53,8 @@ def main() -> None:
     from thresher.flows.curate import sample_batch
     from thresher.flows.identities import run_id_for
     from thresher.flows.runtime import flow_settings
+    from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
-    from thresher.stores.ingest import ingest
     from thresher.stores.lake import Lake
     from thresher.stores.queries import load_prompts
     from thresher.trainers.tiny import make_tiny_model

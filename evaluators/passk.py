@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from thresher.config import EvalConfig
+from thresher.rules import rule_sql
 from thresher.stores.lake import Lake
-from thresher.stores.rules import rule_sql
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -64,3 +65,28 @@ def pass_at_ks(counts, ks: list[int]) -> list[dict]:
                     {"task": task, "metric": f"pass@{k}", "value": value, "prompts": len(usable)}
                 )
     return out
+
+
+def record_pass_at_ks(
+    lake: Lake,
+    candidate_ids: list[str],
+    cfg: EvalConfig,
+    run_id: str,
+    digests: dict[str, str],
+    model: str,
+) -> list[dict]:
+    """pass@k of these candidates (each prompt's n samples) under the config's rule and
+    the verdicts `digests` name, written to `evals`; returns the metrics."""
+    from thresher.stores.tables import write_evals
+
+    metrics = pass_at_ks(pass_counts(lake, candidate_ids, cfg.verify.rule, digests), cfg.ks)
+    write_evals(
+        lake,
+        metrics,
+        run_id,
+        round=cfg.round,
+        model=model,
+        split=cfg.prompts.split,
+        samples=cfg.n,
+    )
+    return metrics

@@ -146,7 +146,8 @@ class AuditGateFailed(ValueError):
 def audit_gate(lake: Lake, cfg: BootstrapConfig, round_: int) -> None:
     """Raise AuditGateFailed, after writing an audit sheet of the round, unless the round's
     labelled false-pass rate holds (config `audit`)."""
-    from thresher.evaluators.audit import check_round, write_sheet
+    from thresher.evaluators.audit import check_round
+    from thresher.evaluators.audit_sheet import write_sheet
 
     gate = cfg.audit
     result = check_round(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,18 +15,12 @@ from prefect.utilities.annotations import quote
 from thresher.config import CompactConfig, CurateConfig
 from thresher.flows.identities import (
     OPERATIONAL,
-    hinted_ids,
-    plain_ids,
     run_id_for,
-    sampling_params,
     selection_id_for,
     verifier_digests,
 )
-from thresher.ids import content_id
-from thresher.samplers import candidate_rows
+from thresher.samplers.stage import Sampled
 from thresher.stores.lake import Lake
-from thresher.stores.queries import existing_candidates
-from thresher.stores.tables import write_candidates, write_verdicts
 
 
 class NothingToCurate(ValueError):
@@ -70,184 +63,50 @@ def sample_batch(
     run_id: str,
     batch: list[dict],
     ks: dict[str, int] | None = None,
-) -> tuple[int, float]:
-    """Sample the candidates of `batch` not in the lake yet (indices 0..k-1 of each prompt,
-    k or `ks[prompt_id]`); returns (written, seconds sampling)."""
-    ks = ks or {p["prompt_id"]: cfg.sampling.k for p in batch}
-    ids = [p["prompt_id"] for p in batch]
-    return _sample_missing(
-        lake_root, cfg, run_id, batch, ks, sampling_params(cfg), content_id("batch", run_id, ids)
-    )
-
-
-def _sample_missing(
-    lake_root: str,
-    cfg: CurateConfig,
-    run_id: str,
-    batch: list[dict],
-    ks: dict[str, int],
-    params: dict[str, Any],
-    batch_id: str,
-    hinted: bool = False,
-) -> tuple[int, float]:
-    from thresher.samplers import expected_ids
-
-    lake = Lake(lake_root)
-    expected = {
-        p["prompt_id"]: expected_ids(
-            [p["prompt_id"]], cfg.model_id, cfg.round, ks[p["prompt_id"]], params
-        )
-        for p in batch
-    }
-    have = existing_candidates(lake, [c for ids in expected.values() for c in ids])
-    # raising k samples only the new indices; lowering it reads the first k
-    missing = {
-        pid: [i for i, c in enumerate(ids) if c not in have] for pid, ids in expected.items()
-    }
-    todo = [p for p in batch if missing[p["prompt_id"]]]
-    if not todo:
-        return 0, 0.0
+) -> Sampled:
+    """Sample what the batch is missing (k per prompt, or `ks[prompt_id]`)."""
     from thresher.flows.slots import hold_for_engine
-    from thresher.samplers.engines import sampler_for
+    from thresher.samplers.stage import sample_batch as sample
 
-    # starts the engine on first use (holding the device slot): not counted as sampling time
-    sampler = sampler_for(cfg, before_engine=hold_for_engine)
-    written, seconds = 0, 0.0
-    for n in sorted({len(missing[p["prompt_id"]]) for p in todo}):
-        group = [p for p in todo if len(missing[p["prompt_id"]]) == n]
-        start = time.perf_counter()
-        completions = sampler.sample(
-            [p["prompt"] for p in group], [p["messages"] for p in group], n
-        )
-        seconds += time.perf_counter() - start
-        rows = candidate_rows(
-            [p["prompt_id"] for p in group],
-            completions,
-            model=cfg.model_id,
-            round_=cfg.round,
-            run_id=run_id,
-            batch_id=batch_id,
-            params=params,
-            hinted=hinted,
-            indices=[missing[p["prompt_id"]] for p in group],
-        )
-        written += write_candidates(lake, rows)
-    return written, seconds
+    return sample(Lake(lake_root), cfg, run_id, batch, ks, before_engine=hold_for_engine)
 
 
 @task(name="rationalize", cache_policy=NO_CACHE, **RETRY)
 def rationalize_batch(
     lake_root: str, cfg: CurateConfig, run_id: str, batch: list[dict], candidate_ids: list[str]
-) -> int:
-    """Sample the batch's unsolved prompts (no passing candidate among `candidate_ids`)
-    again with the reference answer as a hint."""
-    import json
+) -> Sampled:
+    """Sample the batch's unsolved prompts again with the reference answer as a hint."""
+    from thresher.flows.slots import hold_for_engine
+    from thresher.samplers.stage import rationalize_batch as rationalize
 
-    from thresher.samplers.difficulty import hinted_prompt
-    from thresher.stores.queries import unsolved_prompts
-
-    r = cfg.rationalize
-    unsolved = set(
-        unsolved_prompts(Lake(lake_root), candidate_ids, cfg.verify.rule, verifier_digests(cfg))
-    )
-    todo = []
-    for p in batch:
-        if p["prompt_id"] in unsolved and p.get("answer") is not None:
-            messages = json.loads(p["messages"]) if p["messages"] else None
-            prompt, msgs = hinted_prompt(r.hint, p["prompt"], messages, p["answer"])
-            todo.append({**p, "prompt": prompt, "messages": json.dumps(msgs) if msgs else None})
-    if not todo:
-        return 0
-    params = {**sampling_params(cfg), "hint": r.hint}
-    batch_id = content_id("hinted-batch", run_id, [p["prompt_id"] for p in todo])
-    ks = {p["prompt_id"]: r.k for p in todo}
-    written, _ = _sample_missing(lake_root, cfg, run_id, todo, ks, params, batch_id, hinted=True)
-    return written
+    lake, digests = Lake(lake_root), verifier_digests(cfg)
+    return rationalize(lake, cfg, run_id, batch, candidate_ids, digests, hold_for_engine)
 
 
 @task(name="verify", cache_policy=NO_CACHE, **RETRY)
 def verify_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
-    """Score these candidates with the verifiers of each prompt's task, where a verifier with
-    the same options has not scored them yet; returns verdicts written."""
-    import polars as pl
+    """Score the candidates each verifier has not scored yet; returns verdicts written."""
+    from thresher.flows.slots import gpu_slot
+    from thresher.verifiers.stage import verify_batch as verify
 
-    from thresher.stores.queries import candidates_to_verify, prompts_to_verify
-    from thresher.verifiers import get_verifier, runner_for, traits
-
-    lake = Lake(lake_root)
-    run_verifier = runner_for(cfg)
-    written = 0
-    v = cfg.verify
-    digests = verifier_digests(cfg)
-    for name in v.all_names():
-        # a verifier that judges a prompt's candidates together sees all of the batch's
-        # (a prompt's candidates are all in one batch); only the missing verdicts are kept
-        groups = traits(name)["groups"]
-        find = prompts_to_verify if groups else candidates_to_verify
-        todo = find(lake, candidate_ids, name, digests[name])
-        tasks = [t for t in todo["task"].unique().to_list() if name in v.for_task(t)]
-        todo = todo.filter(pl.col("task").is_in(tasks))
-        if todo.height == 0:
-            continue
-        if traits(name)["uses_device"]:
-            from thresher.flows.slots import gpu_slot
-
-            with gpu_slot(name):  # a model on the accelerator: scored here, one at a time
-                verdicts = get_verifier(name, v.options.get(name)).run(todo)
-        elif groups:  # here, whole prompts at once (the Ray runner splits rows into chunks)
-            verdicts = get_verifier(name, v.options.get(name)).run(todo)
-        else:
-            verdicts = run_verifier(name, v.options.get(name), todo)
-        if groups:
-            missing = todo.filter(pl.col("missing"))["candidate_id"].to_list()
-            verdicts = verdicts.filter(pl.col("candidate_id").is_in(missing))
-        written += write_verdicts(lake, verdicts, digests[name], run_id)
-    return written
+    return verify(Lake(lake_root), cfg, run_id, candidate_ids, device_slot=gpu_slot)
 
 
 @task(name="select", cache_policy=NO_CACHE)
 def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: list[str]) -> int:
-    """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why;
-    returns selections written (0 when this selection of the batch exists already)."""
-    from thresher.selection.select import select_batch as select
-    from thresher.verifiers import traits
+    """Select the batch's candidates; returns selections written (0: selected already)."""
+    from thresher.selection.stage import select_candidates
+    from thresher.verifiers.stage import ranking_verifiers
 
-    return select(
+    return select_candidates(
         Lake(lake_root),
-        selection_id_for(cfg),
-        cfg.round,
+        cfg,
+        run_id,
         candidate_ids,
-        cfg.select,
-        cfg.verify.rule,
-        used=verifier_digests(cfg),
-        ranking=[n for n in cfg.verify.all_names() if traits(n)["ranks"]],
-        run_id=run_id,
-        eval_index=eval_index(lake_root, cfg),
-        max_hinted_share=cfg.rationalize.max_share if cfg.rationalize.enabled else None,
+        selection_id_for(cfg),
+        verifier_digests(cfg),
+        ranking_verifiers(cfg),
     )
-
-
-_EVAL_INDEXES: dict[str, Any] = {}
-
-
-def eval_index(lake_root: str, cfg: CurateConfig):
-    """The decontamination index for this config, built once per process and lake."""
-    from thresher.selection.decontam import EvalIndex, file_items
-    from thresher.stores.queries import eval_items
-
-    d = cfg.select.decontaminate
-    if not d.enabled:
-        return None
-    lake = Lake(lake_root)
-    n_eval = lake.query("SELECT count(*) AS n FROM prompts WHERE split = 'eval'")["n"][0]
-    key = content_id(lake.location, d.model_dump(), int(n_eval))
-    if key not in _EVAL_INDEXES:
-        index = EvalIndex(n=d.ngram, minhash_threshold=d.minhash_threshold)
-        index.add(eval_items(lake, d.eval_datasets))
-        for path in d.files:
-            index.add(file_items(path))
-        _EVAL_INDEXES[key] = index
-    return _EVAL_INDEXES[key]
 
 
 def prompt_rows(lake: Lake, cfg: CurateConfig) -> list[dict]:
@@ -275,28 +134,15 @@ def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
     return batched(prompt_rows(lake, cfg), cfg.batch_size)
 
 
-def sampling_plan(lake: Lake, cfg: CurateConfig, rows: list[dict]) -> dict[str, int]:
-    """prompt_id -> candidates to sample this round (0: skipped as solved)."""
-    from thresher.samplers.difficulty import plan_k
-    from thresher.stores.queries import last_pass_rates
-
-    d = cfg.difficulty
-    ids = [r["prompt_id"] for r in rows]
-    if cfg.round == 0 or (d.skip_solved_above is None and d.hard_below is None):
-        return dict.fromkeys(ids, cfg.sampling.k)
-    rates = last_pass_rates(lake, cfg.name, cfg.round)
-    return plan_k(ids, cfg.sampling.k, rates, d.skip_solved_above, d.hard_below, d.hard_k)
-
-
 def sampled_batches(
     sample, lake_root: str, cfg: CurateConfig, run_id: str, batches: list[list[dict]], ks_q
-) -> Iterator[tuple[list[dict], tuple[int, float]]]:
-    """(batch, sample task result) in batch order, with as many batches sampling at once as
+) -> Iterator[tuple[list[dict], Sampled]]:
+    """(batch, its sampling) in batch order, with as many batches sampling at once as
     the sampler wants (a Ray pool: one per engine plus one queued), so the engines keep
     sampling while this process verifies and selects the batches they finished."""
     from collections import deque
 
-    from thresher.samplers.engines import batches_in_flight
+    from thresher.samplers.stage import batches_in_flight
 
     cfg_q = quote(cfg)
     window = batches_in_flight(cfg)
@@ -315,7 +161,8 @@ def sampled_batches(
         yield done, future.result()
 
 
-def _run_name(kind: str) -> str:
+def run_name(kind: str) -> str:
+    """The Prefect name of a `kind` run from its config: kind, pipeline, dataset and round."""
     from prefect.runtime import flow_run
 
     c = flow_run.parameters.get("config", {})
@@ -325,7 +172,7 @@ def _run_name(kind: str) -> str:
 
 def curate_run_name() -> str:
     """e.g. 'curate demo word-problems round 0'."""
-    return _run_name("curate")
+    return run_name("curate")
 
 
 @flow(name="curate", flow_run_name=curate_run_name)
@@ -334,7 +181,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     from tqdm.auto import tqdm
 
     from thresher.flows.gates import reward_model_check
-    from thresher.samplers.engines import run_stats
+    from thresher.samplers.stage import run_stats, sampling_plan
     from thresher.stores.queries import run_summary
     from thresher.stores.runs import tracked_run
 
@@ -351,7 +198,7 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         if rm_check is not None:
             summary["reward_model_check"] = rm_check
         rows = prompt_rows(lake, cfg)
-        ks = sampling_plan(lake, cfg, rows)
+        ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in rows])
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
         done = dict(sampled=0, verified=0, selected=0)
         sampling_s, batches_done = 0.0, 0
@@ -361,21 +208,19 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         # quote(): Prefect would otherwise walk every prompt of a batch looking for
         # futures to resolve, which costs more than the task itself
         with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
-            for batch, (written, seconds) in sampled_batches(
+            for batch, sampled in sampled_batches(
                 sample, lake_root, cfg, run_id, batched(todo, cfg.batch_size), ks_q
             ):
-                ids = [r["prompt_id"] for r in batch]
-                plain = plain_ids(cfg, ids, ks)
-                batch_ids = quote(plain + hinted_ids(cfg, ids))
-                done["sampled"] += written
-                sampling_s += seconds
-                done["verified"] += verify_batch(lake_root, cfg_q, run_id, quote(plain))
+                done["sampled"] += sampled.written
+                sampling_s += sampled.seconds
+                ids = sampled.ids
+                done["verified"] += verify_batch(lake_root, cfg_q, run_id, quote(ids))
                 if cfg.rationalize.enabled:
-                    done["sampled"] += rationalize_batch(
-                        lake_root, cfg_q, run_id, quote(batch), quote(plain)
-                    )
-                    done["verified"] += verify_batch(lake_root, cfg_q, run_id, batch_ids)
-                done["selected"] += select_batch(lake_root, cfg_q, run_id, batch_ids)
+                    hinted = rationalize_batch(lake_root, cfg_q, run_id, quote(batch), quote(ids))
+                    done["sampled"] += hinted.written
+                    ids = ids + hinted.ids
+                    done["verified"] += verify_batch(lake_root, cfg_q, run_id, quote(ids))
+                done["selected"] += select_batch(lake_root, cfg_q, run_id, quote(ids))
                 bar.update(len(batch))
                 batches_done += 1
                 if batches_done % COMPACT_CHECK_EVERY == 0:

@@ -8,15 +8,15 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import EvalConfig
-from thresher.flows.identities import eval_run_id, plain_ids, verifier_digests
+from thresher.flows.identities import eval_run_id, verifier_digests
 from thresher.stores.lake import Lake
 
 
 def eval_run_name() -> str:
     """e.g. 'eval demo word-problems round 1'."""
-    from thresher.flows.curate import _run_name
+    from thresher.flows.curate import run_name
 
-    return _run_name("eval")
+    return run_name("eval")
 
 
 @flow(name="evaluate", flow_run_name=eval_run_name)
@@ -25,7 +25,7 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 
-    from thresher.evaluators.passk import pass_at_ks, pass_counts
+    from thresher.evaluators.passk import record_pass_at_ks
     from thresher.flows.curate import (
         deployment_cleanup,
         prompt_batches,
@@ -34,7 +34,6 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         verify_batch,
     )
     from thresher.stores.runs import tracked_run
-    from thresher.stores.tables import write_evals
 
     cfg = EvalConfig(**config)
     cur = cfg.as_curate()
@@ -47,23 +46,14 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         every: list[str] = []
         verified = 0
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
-            for batch, _ in sampled_batches(sample_batch, lake_root, cur, run_id, batches, None):
-                ids = [r["prompt_id"] for r in batch]
-                cands = plain_ids(cur, ids, dict.fromkeys(ids, cfg.n))
-                every += cands
-                verified += verify_batch(lake_root, quote(cur), run_id, quote(cands))
+            for batch, sampled in sampled_batches(
+                sample_batch, lake_root, cur, run_id, batches, None
+            ):
+                every += sampled.ids
+                verified += verify_batch(lake_root, quote(cur), run_id, quote(sampled.ids))
                 bar.update(len(batch))
-        counts = pass_counts(lake, every, cfg.verify.rule, verifier_digests(cur))
-        metrics = pass_at_ks(counts, cfg.ks)
-        write_evals(
-            lake,
-            metrics,
-            run_id,
-            round=cfg.round,
-            model=cur.model_id,
-            split=cfg.prompts.split,
-            samples=cfg.n,
-        )
+        digests = verifier_digests(cur)
+        metrics = record_pass_at_ks(lake, every, cfg, run_id, digests, cur.model_id)
         summary.update(
             run_id=run_id,
             round=cfg.round,

@@ -11,8 +11,8 @@ from thresher.stores.lake import Lake
 def reward_model_check(lake: Lake, cfg: CurateConfig) -> dict[str, Any] | None:
     """The pairwise accuracy of the reward model the config verifies with, as its latest
     `thresher rm-check` measured it (None: the config uses no reward model); raises
-    RewardModelRejected when it is missing or below select.min_pairwise_accuracy and
-    select.force_reward_model is not set."""
+    RewardModelRejected when it is missing or below gates.min_pairwise_accuracy and
+    gates.force_reward_model is not set."""
     from thresher.stores.runs import latest_rm_check
     from thresher.verifiers.reward import RewardModelRejected, model_key, reward_model_gate
 
@@ -24,9 +24,9 @@ def reward_model_check(lake: Lake, cfg: CurateConfig) -> dict[str, Any] | None:
             "the reward verifier needs a model: set verify.options.reward.model"
         )
     key = model_key(str(model))
-    s = cfg.select
+    gates = cfg.gates
     return reward_model_gate(
-        key, latest_rm_check(lake, key), s.min_pairwise_accuracy, s.force_reward_model
+        key, latest_rm_check(lake, key), gates.min_pairwise_accuracy, gates.force_reward_model
     )
 
 

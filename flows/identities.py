@@ -10,31 +10,19 @@ Run ids (what a re-run resumes) leave out where and how fast the work runs.
 
 from __future__ import annotations
 
-from typing import Any
-
-from thresher.config import (
-    GATE_SETTINGS,
-    BootstrapConfig,
-    CurateConfig,
-    EvalConfig,
-    TrainConfig,
-)
+from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
 from thresher.ids import content_id
-
-
-def sampling_params(cfg: CurateConfig) -> dict[str, Any]:
-    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
-    return cfg.sampling.model_dump(exclude={"k"})
-
+from thresher.samplers import sampling_params
+from thresher.verifiers.stage import verifier_digests
 
 # Where and how fast the work runs, not what it produces.
 OPERATIONAL = {"lake", "batch_size", "engine", "timeout_s", "executor", "ray", "compact"}
 
 
-def without_gates(names: set[str]) -> dict[str, Any]:
-    """model_dump's `exclude` for these top-level fields and the gate settings
-    (config.GATE_SETTINGS: they decide whether a run may go on, not what it makes)."""
-    return {**dict.fromkeys(names, True), **GATE_SETTINGS}
+def without_gates(names: set[str]) -> set[str]:
+    """model_dump's `exclude` for these top-level fields and the `gates` section (gates
+    decide whether a run may go on, not what it makes)."""
+    return names | {"gates"}
 
 
 def run_id_for(cfg: CurateConfig) -> str:
@@ -42,29 +30,10 @@ def run_id_for(cfg: CurateConfig) -> str:
     return content_id("curate", cfg.model_dump(exclude=without_gates(OPERATIONAL)))
 
 
-def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
-    """verifier -> the digest of its version and options: which verdicts the run reads.
-
-    A verifier that judges a prompt's candidates together (`majority`) also has what
-    decides how many a prompt has (k, difficulty): with a larger k every candidate of the
-    prompt is judged again among all of them, so old and new verdicts cannot disagree."""
-    from thresher.verifiers import options_digest, traits
-
-    v = cfg.verify
-    digests = {}
-    for name in v.all_names():
-        digest = options_digest(name, v.options.get(name))
-        if traits(name)["groups"]:
-            group = {"k": cfg.sampling.k, "difficulty": cfg.difficulty.model_dump()}
-            digest = content_id("group-verdicts", digest, group)
-        digests[name] = digest
-    return digests
-
-
 def selection_id_for(cfg: CurateConfig) -> str:
     """Everything a selection depends on: its candidates (prompts, model, round, sampling,
     difficulty, rationalization), the verdicts it reads and the select settings."""
-    v = cfg.verify
+    verify = cfg.verify
     return content_id(
         "selection",
         cfg.name,
@@ -74,28 +43,10 @@ def selection_id_for(cfg: CurateConfig) -> str:
         cfg.sampling.model_dump(),
         cfg.difficulty.model_dump(),
         cfg.rationalize.model_dump(),
-        cfg.select.model_dump(exclude=GATE_SETTINGS["select"]),
-        {"verifiers": v.verifiers, "by_task": v.by_task, "rule": v.rule},
+        cfg.select.model_dump(),
+        {"verifiers": verify.verifiers, "by_task": verify.by_task, "rule": verify.rule},
         verifier_digests(cfg),
     )
-
-
-def plain_ids(cfg: CurateConfig, prompt_ids: list[str], ks: dict[str, int]) -> list[str]:
-    """The unhinted candidate ids of these prompts: indices 0..k-1 of each."""
-    from thresher.samplers import expected_ids
-
-    return expected_ids(prompt_ids, cfg.model_id, cfg.round, ks, sampling_params(cfg))
-
-
-def hinted_ids(cfg: CurateConfig, prompt_ids: list[str]) -> list[str]:
-    """Every id a rationalization of these prompts could produce (most do not exist)."""
-    from thresher.samplers import expected_ids
-
-    r = cfg.rationalize
-    if not r.enabled:
-        return []
-    params = {**sampling_params(cfg), "hint": r.hint}
-    return expected_ids(prompt_ids, cfg.model_id, cfg.round, r.k, params)
 
 
 def eval_run_id(cfg: EvalConfig) -> str:

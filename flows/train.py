@@ -18,23 +18,6 @@ def model_dir_for(lake: Lake, name: str, round_: int) -> Path:
     return lake.local_dir("models", name, f"round-{round_}")
 
 
-def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict]:
-    """The SFT rows the config names."""
-    import json
-
-    d = cfg.data
-    if d.path:
-        path = Path(d.path)
-        if path.is_dir():
-            import datasets
-
-            return datasets.load_from_disk(str(path)).to_list()
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    from thresher.stores.export import sft_rows
-
-    return sft_rows(lake, d.round if d.round is not None else cfg.round, d.all_rounds, d.pipeline)
-
-
 def train_output(cfg: TrainConfig, lake: Lake) -> Path:
     """The folder the config's run writes (model/, adapter/, checkpoints/)."""
     return Path(cfg.out) if cfg.out else model_dir_for(lake, cfg.name, cfg.round + 1)
@@ -71,8 +54,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
     from thresher.stores.runs import tracked_run
-    from thresher.stores.tables import write_train_metrics
-    from thresher.trainers.sft import claim_output, train
+    from thresher.trainers.sft import claim_output
+    from thresher.trainers.stage import load_rows, train_model
 
     cfg = TrainConfig(**config)
     lake = Lake(lake_root)
@@ -94,21 +77,10 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
         if claim_output(out, run_id):
             summary["discarded_checkpoints"] = "another run's (other data or settings)"
 
-        def on_metrics(rows_: list[dict]) -> None:
-            write_train_metrics(lake, run_id, rows_)
-
         from thresher.flows.slots import gpu_slot
 
         with gpu_slot("train", occupy=cfg.distributed.processes):
-            if cfg.distributed.processes > 1:
-                from thresher.trainers.launch import train_distributed
-
-                d = cfg.distributed
-                result = train_distributed(
-                    cfg, base, rows, out, d.processes, d.strategy, d.backend, on_metrics, progress
-                )
-            else:
-                result = train(cfg, base, rows, out, on_metrics=on_metrics, progress=progress)
+            result = train_model(lake, cfg, run_id, base, rows, out, progress=progress)
         summary.update(
             {
                 "run_id": run_id,

@@ -1,5 +1,7 @@
-"""Where sampling runs, chosen once from the config: an OpenAI-compatible server, a pool of
-engines on a Ray cluster, or this process's vLLM engine. Callers see one `Sampler`."""
+"""Where sampling runs, chosen once (`CurateConfig.placement`): this process's vLLM engine,
+an OpenAI-compatible server, or a pool of engines on a Ray cluster. Each is a `Sampler`
+with the same small interface (`sample`, `in_flight`, `stats`, `close`); `sampler_for` and
+`sampler_at` are the one place that picks which."""
 
 from __future__ import annotations
 
@@ -7,108 +9,268 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thresher.config import CurateConfig
+from thresher.config import CurateConfig, RayConfig, SamplingConfig, ServerConfig
 from thresher.samplers.vllm_offline import Completion
 
-Backend = Callable[[Sequence[str | None], Sequence[str | None], int], list[list[Completion]]]
 
-
-@dataclass
 class Sampler:
     """Turns prompts (text, or chat messages as JSON) into n completions each."""
 
-    backend: Backend
-    chat: bool  # plain prompts go through the chat template as one user message
+    in_flight = 1  # batches worth sampling at once (more where engines run elsewhere)
+
+    def __init__(self, sampling: SamplingConfig):
+        self.chat = sampling.chat  # plain prompts go through the chat template as a user turn
+        self.params = dict(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_tokens,
+            stop=sampling.stop,
+        )
 
     def sample(
         self, prompts: Sequence[str | None], messages: Sequence[str | None], n: int
     ) -> list[list[Completion]]:
         """n completions for each prompt (messages win over the prompt text when set)."""
-        if self.chat:
-            messages = [
-                m if m else json.dumps([{"role": "user", "content": p}])
-                for p, m in zip(prompts, messages, strict=True)
-            ]
-        return self.backend(prompts, messages, n)
+        return self.generate(prompts, self.as_messages(prompts, messages), n)
+
+    def as_messages(
+        self, prompts: Sequence[str | None], messages: Sequence[str | None]
+    ) -> Sequence[str | None]:
+        """The messages each prompt is sent as (a plain prompt as one user turn with `chat`)."""
+        if not self.chat:
+            return messages
+        return [
+            m if m else json.dumps([{"role": "user", "content": p}])
+            for p, m in zip(prompts, messages, strict=True)
+        ]
+
+    def generate(
+        self, prompts: Sequence[str | None], messages: Sequence[str | None], n: int
+    ) -> list[list[Completion]]:
+        """The backend's n completions per prompt."""
+        raise NotImplementedError
+
+    def too_long(
+        self, prompts: Sequence[str | None], messages: Sequence[str | None]
+    ) -> list[tuple[int, int] | None]:
+        """For each prompt that leaves no room for max_tokens of reply, (its tokens, the
+        model's limit); None where it fits, or where the backend cannot tell before asking."""
+        return [None] * len(prompts)
+
+    def is_up(self) -> bool:
+        """Whether what this sampler runs on is up already (a server always is)."""
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """Where the run sampled, for its summary."""
+        return {}
+
+    def close(self) -> None:
+        """Stop what this sampler started (an engine, a pool)."""
+
+
+class LocalEngine(Sampler):
+    """This process's vLLM engine, started on first use (after `before_engine`, e.g. taking
+    the device slot) and kept up until `close`."""
+
+    def __init__(
+        self,
+        sampling: SamplingConfig,
+        engine: dict[str, Any],
+        lora: str | None = None,
+        before_engine: Callable[[], None] | None = None,
+        share: bool = False,
+    ):
+        super().__init__(sampling)
+        self.engine_kwargs, self.lora, self.before_engine = engine, lora, before_engine
+        self.share = share  # use a running engine of the same model whatever its settings
+
+    def engine(self):
+        """The vLLM engine (started on first use, replacing one of another model)."""
+        from thresher.samplers.vllm_offline import get_engine, running_engine
+
+        running = running_engine()
+        if running and self.share and self.is_up():
+            return running[1]
+        if running and not same_model(running[0], self.engine_kwargs["model"]):
+            print(
+                f"stopping the vLLM engine of {running[0]} to start one for "
+                f"{self.engine_kwargs['model']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.before_engine is not None:
+            self.before_engine()
+        return get_engine(**self.engine_kwargs)
+
+    def rendered(self, prompts, messages) -> list[str]:
+        """The prompt strings the engine is given (chat messages through its template)."""
+        from thresher.samplers.vllm_offline import render_prompts
+
+        return render_prompts(
+            self.engine(), list(prompts), list(self.as_messages(prompts, messages))
+        )
+
+    def generate(self, prompts, messages, n):
+        from thresher.samplers.vllm_offline import render_prompts, sample
+
+        llm = self.engine()
+        rendered = render_prompts(llm, list(prompts), list(messages))
+        return sample(llm, rendered, k=n, lora=self.lora, **self.params)
+
+    def too_long(self, prompts, messages):
+        llm = self.engine()
+        tokenizer = llm.get_tokenizer()
+        limit = llm.llm_engine.model_config.max_model_len
+        room = self.params["max_tokens"]
+        counts = [len(tokenizer.encode(text)) for text in self.rendered(prompts, messages)]
+        return [(n, limit) if n + room > limit else None for n in counts]
+
+    def is_up(self) -> bool:
+        from thresher.samplers.vllm_offline import running_engine
+
+        running = running_engine()
+        return bool(running) and same_model(running[0], self.engine_kwargs["model"])
+
+    def close(self) -> None:
+        from thresher.samplers.vllm_offline import shutdown_engine
+
+        shutdown_engine()
+
+
+class ServerSampler(Sampler):
+    """Requests to a running OpenAI-compatible server."""
+
+    def __init__(self, sampling: SamplingConfig, server: ServerConfig, model: str):
+        super().__init__(sampling)
+        self.server, self.model = server, model
+
+    def generate(self, prompts, messages, n):
+        from thresher.samplers.openai_server import sample_server
+
+        srv = self.server
+        return sample_server(
+            srv.base_url,
+            self.model,
+            list(prompts),
+            list(messages),
+            k=n,
+            concurrency=srv.concurrency,
+            retries=srv.retries,
+            timeout=srv.timeout_s,
+            api_key=os.environ.get(srv.api_key_env) if srv.api_key_env else None,
+            vllm_extensions=srv.vllm_extensions,
+            **self.params,
+        )
+
+
+class RayPool(Sampler):
+    """Long-lived engines on a Ray cluster (started on first use); one batch per engine in
+    flight, plus one queued, so the engines never wait while this process verifies."""
+
+    def __init__(
+        self, sampling: SamplingConfig, ray: RayConfig, engine: dict[str, Any], lora: str | None
+    ):
+        from thresher.samplers.ray_pool import engine_count
+
+        super().__init__(sampling)
+        # the engines run in other processes and on other nodes: absolute paths
+        self.ray, self.engine_kwargs = ray, engine | {"model": _absolute(engine["model"])}
+        self.lora = lora and _absolute(lora)
+        self.in_flight = engine_count(ray) + 1
+
+    def generate(self, prompts, messages, n):
+        from thresher.samplers.ray_pool import engine_pool
+
+        pool = engine_pool(self.ray, self.engine_kwargs)
+        return pool.sample(prompts, messages, n, self.params, self.lora)
+
+    def is_up(self) -> bool:
+        from thresher.samplers.ray_pool import current_pool
+
+        return current_pool() is not None
+
+    def stats(self) -> dict[str, Any]:
+        from thresher.samplers.ray_pool import current_pool
+
+        pool = current_pool()
+        return {"executor": "ray", "engines": pool.size if pool else 0} | (
+            {"batches_per_engine": list(pool.batches)} if pool else {}
+        )
+
+    def close(self) -> None:
+        from thresher.samplers.ray_pool import shutdown_pool
+
+        shutdown_pool()
+
+
+_OPEN: dict[str, Sampler] = {}  # what this process made, closed by `shutdown`
+
+
+def _kept(key: list, make: Callable[[], Sampler]) -> Sampler:
+    text = json.dumps(key, sort_keys=True, default=str)
+    if text not in _OPEN:
+        _OPEN[text] = make()
+    return _OPEN[text]
 
 
 def sampler_for(cfg: CurateConfig, before_engine: Callable[[], None] | None = None) -> Sampler:
-    """The config's sampler; a local engine starts on first use (after `before_engine`,
-    e.g. taking the device slot) and stays up for the process until `shutdown`."""
-    s = cfg.sampling
-    params = dict(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=s.max_tokens,
-        stop=s.stop,
-    )
-    if cfg.server:
-        return Sampler(_server_backend(cfg, params), s.chat)
-    if cfg.executor == "ray":
-        from thresher.samplers.ray_pool import engine_pool
-
-        # the engines run in other processes and on other nodes: absolute paths
-        kwargs = engine_kwargs(cfg) | {"model": _absolute(cfg.model)}
-        pool, lora = engine_pool(cfg.ray, kwargs), cfg.lora and _absolute(cfg.lora)
-        return Sampler(
-            lambda prompts, messages, n: pool.sample(prompts, messages, n, params, lora), s.chat
-        )
-    from thresher.samplers.vllm_offline import render_prompts, sample
-
-    llm = local_engine(cfg, before_engine)
-    return Sampler(
-        lambda prompts, messages, n: sample(
-            llm, render_prompts(llm, prompts, messages), k=n, lora=cfg.lora, **params
-        ),
-        s.chat,
-    )
+    """The config's sampler, made once per process and settings; a local engine starts on
+    first use (after `before_engine`) and stays up until `shutdown`."""
+    where, s = cfg.placement, cfg.sampling
+    key = [where, cfg.model, cfg.lora, s.model_dump(), cfg.engine.model_dump()]
+    key += [cfg.server and cfg.server.model_dump(), cfg.ray.model_dump()]
+    makers: dict[str, Callable[[], Sampler]] = {
+        "local": lambda: LocalEngine(s, engine_kwargs(cfg), cfg.lora),
+        "server": lambda: ServerSampler(s, cfg.server, cfg.model),
+        "ray": lambda: RayPool(s, cfg.ray, engine_kwargs(cfg), cfg.lora),
+    }
+    sampler = _kept(key, makers[where])
+    if isinstance(sampler, LocalEngine):
+        sampler.before_engine = before_engine
+    return sampler
 
 
-def _server_backend(cfg: CurateConfig, params: dict[str, Any]) -> Backend:
-    from thresher.samplers.openai_server import sample_server
-
-    srv = cfg.server
-    key = os.environ.get(srv.api_key_env) if srv.api_key_env else None
-    return lambda prompts, messages, n: sample_server(
-        srv.base_url,
-        cfg.model,
-        prompts,
-        messages,
-        k=n,
-        concurrency=srv.concurrency,
-        retries=srv.retries,
-        timeout=srv.timeout_s,
-        api_key=key,
-        vllm_extensions=srv.vllm_extensions,
-        **params,
-    )
+def sampler_at(
+    model: str,
+    sampling: SamplingConfig,
+    server: ServerConfig | None = None,
+    engine: dict[str, Any] | None = None,
+) -> Sampler:
+    """A sampler of `model` for a verifier that generates (a judge): on `server` when one is
+    given (`model` is its served name), else on this process's engine (shared with
+    sampling when that serves the same model)."""
+    if server is not None:
+        key = ["server", model, sampling.model_dump(), server.model_dump()]
+        return _kept(key, lambda: ServerSampler(sampling, server, model))
+    kwargs = {"model": model, **(engine or {})}
+    key = ["local", kwargs, sampling.model_dump()]
+    return _kept(key, lambda: LocalEngine(sampling, kwargs, share=True))
 
 
-def batches_in_flight(cfg: CurateConfig) -> int:
-    """How many batches to keep sampling at once: one per engine plus one queued on a Ray
-    cluster, so its engines never wait; one elsewhere."""
-    if cfg.executor != "ray" or cfg.server:
-        return 1
-    from thresher.samplers.ray_pool import engine_count
+def shutdown() -> None:
+    """Close every sampler this process made (its engine, its Ray pool)."""
+    from thresher.samplers.vllm_offline import shutdown_engine
 
-    return engine_count(cfg.ray) + 1
+    samplers = list(_OPEN.values())
+    _OPEN.clear()
+    try:
+        for sampler in samplers:
+            sampler.close()
+    finally:
+        shutdown_engine()  # the process's one engine, whoever started it
 
 
-def run_stats(cfg: CurateConfig) -> dict[str, Any]:
-    """Where the run sampled, for its summary: on Ray, how many batches each engine served."""
-    if cfg.executor != "ray" or cfg.server:
-        return {}
-    from thresher.samplers.ray_pool import current_pool
-
-    pool = current_pool()
-    return {"executor": "ray", "engines": pool.size if pool else 0} | (
-        {"batches_per_engine": list(pool.batches)} if pool else {}
-    )
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names are the same name or the same existing folder."""
+    if a == b:
+        return True
+    pa, pb = Path(a), Path(b)
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def _absolute(path: str) -> str:
@@ -119,16 +281,16 @@ def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
     """The arguments of `get_engine` for this config."""
     from thresher.samplers.vllm_offline import lora_rank
 
-    e = cfg.engine
+    engine = cfg.engine
     return dict(
         model=cfg.model,
         seed=cfg.sampling.seed,
-        dtype=e.dtype,
-        max_model_len=e.max_model_len,
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        enforce_eager=e.enforce_eager,
+        dtype=engine.dtype,
+        max_model_len=engine.max_model_len,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        enforce_eager=engine.enforce_eager,
         max_lora_rank=lora_rank(cfg.lora) if cfg.lora else None,
-        extra=e.extra,
+        extra=engine.extra,
     )
 
 
@@ -140,14 +302,3 @@ def local_engine(cfg: CurateConfig, before_engine: Callable[[], None] | None = N
     if before_engine is not None:
         before_engine()
     return get_engine(**engine_kwargs(cfg))
-
-
-def shutdown() -> None:
-    """Stop this process's engine and, if one runs, its Ray engine pool."""
-    from thresher.samplers.vllm_offline import shutdown_engine
-
-    shutdown_engine()
-    if "thresher.samplers.ray_pool" in sys.modules:  # only when a pool may run
-        from thresher.samplers.ray_pool import shutdown_pool
-
-        shutdown_pool()

@@ -80,16 +80,20 @@ DIFFICULTY_BY_ROUND_SQL = """
                count(*) FILTER (WHERE kind = 'mixed') AS mixed,
                round(avg(pass_rate), 4) AS mean_pass_rate
         FROM {difficulty} GROUP BY round ORDER BY round"""
-ROUND_FUNNEL_SQL = f"""
-        SELECT s.round, count(*) AS sampled,
-               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,
+# The selection funnel's counts over selections `s` (with their candidates `c`): how many
+# passed the rule, were dropped at each later stage, and were kept. The `round_funnel` view
+# and a run's summary (queries.run_summary) both count with these.
+FUNNEL_COUNTS_SQL = f"""
                count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
                count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
                count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
                count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
                count(*) FILTER (WHERE {DropReason.hint_share.sql()}) AS hint_share,
-               count(*) FILTER (WHERE s.kept) AS kept,
+               count(*) FILTER (WHERE s.kept) AS kept"""
+ROUND_FUNNEL_SQL = f"""
+        SELECT s.round, count(*) AS sampled,
+               count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,{FUNNEL_COUNTS_SQL},
                count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         GROUP BY s.round ORDER BY s.round"""
@@ -409,6 +413,11 @@ class Lake:
         return data.take(pa.array([r[0] for r in keep], pa.int64()))
 
     # -- reading -------------------------------------------------------------
+
+    def check_readable(self) -> None:
+        """Raise now, not at the first query, for a missing lake (FileNotFoundError) or one
+        of an older layout."""
+        self.connect().close()
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with a view per table and the derived views; close it after use.

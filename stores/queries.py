@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from thresher.stores.lake import Lake
-from thresher.stores.schemas import PASSED_SQL, DropReason
+from thresher.stores.lake import FUNNEL_COUNTS_SQL, Lake
+from thresher.stores.schemas import PASSED_SQL
 
 
 def load_prompts(
@@ -60,6 +60,24 @@ def existing_candidates(lake: Lake, ids: list[str]) -> set[str]:
         con.close()
 
 
+def existing_prompts(lake: Lake, ids: list[str]) -> dict[str, dict]:
+    """The prompts among `ids` that are in the lake already: prompt_id -> its prompt_id,
+    split, task, answer and tests."""
+    if not ids:
+        return {}
+    columns = ("prompt_id", "split", "task", "answer", "tests")
+    con = lake.connect()
+    try:
+        _with_ids(con, "wanted", "prompt_id", ids)
+        rows = con.sql(
+            f"SELECT {', '.join('p.' + c for c in columns)} FROM prompts p "
+            "JOIN wanted USING (prompt_id)"
+        ).fetchall()
+    finally:
+        con.close()
+    return {r[0]: dict(zip(columns, r, strict=True)) for r in rows}
+
+
 def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float]:
     """Each prompt's pass rate (unhinted candidates) in the latest round before
     `before_round` that pipeline `name` curated (its current selection)."""
@@ -81,7 +99,7 @@ def unsolved_prompts(
     lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
 ) -> list[str]:
     """Prompts of these (unhinted) candidates that have verdicts, none of which passes `rule`."""
-    from thresher.stores.rules import rule_sql
+    from thresher.rules import rule_sql
 
     con = lake.connect()
     try:
@@ -174,7 +192,7 @@ def selection_inputs(
     ranking: list[str] | None = None,
 ) -> list[dict]:
     """These candidates as selection reads them, ordered by prompt, unhinted first, index."""
-    from thresher.stores.rules import rule_sql
+    from thresher.rules import rule_sql
 
     con = lake.connect()
     try:
@@ -225,19 +243,14 @@ def count_verdicts(lake: Lake, selection_id: str, used: dict[str, str]) -> int:
 
 
 def run_summary(lake: Lake, selection_id: str) -> dict:
-    """Prompts, candidates, pass rate and kept counts of one selection (passed = not `failed`)."""
+    """Prompts, candidates, the funnel's counts (as `round_funnel`), pass rate, prompts solved
+    and truncated answers of one selection (passed = not `failed`)."""
     row = lake.query(
         f"""SELECT count(DISTINCT c.prompt_id) AS prompts,
-                  count(*) AS candidates,
-                  count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+                  count(*) AS candidates,{FUNNEL_COUNTS_SQL},
                   coalesce(avg(({PASSED_SQL})::INT), 0) AS pass_rate,
                   count(DISTINCT c.prompt_id)
                       FILTER (WHERE {PASSED_SQL}) AS prompts_solved,
-                  count(*) FILTER (WHERE s.kept) AS kept,
-                  count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
-                  count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
-                  count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
-                  count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                   count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
            FROM selections s JOIN candidates c USING (candidate_id)
            WHERE s.selection_id = ?""",
@@ -281,3 +294,8 @@ def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str,
         params.append(datasets)
     rows = lake.query(sql, params or None)
     return list(zip(rows["prompt_id"].to_list(), rows["text"].to_list(), strict=True))
+
+
+def eval_prompt_count(lake: Lake) -> int:
+    """How many prompts of any dataset are in an eval split."""
+    return int(lake.query("SELECT count(*) AS n FROM prompts WHERE split = 'eval'")["n"][0])

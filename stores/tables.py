@@ -1,4 +1,4 @@
-"""The one place each stage table is written from (prompts: `ingest`; runs: `runs`).
+"""The one place each stage table is written from (runs: `runs`).
 
 Every writer takes plain rows or a frame from the stage that made them and adds the
 columns that say which run wrote them and when; the lake skips rows whose key is there.
@@ -9,6 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from thresher.stores.lake import Lake, now
+
+
+def write_prompts(lake: Lake, rows: list[dict[str, Any]]) -> int:
+    """Append ingested prompts (rows as ingest.load makes them; a prompt already there adds
+    nothing)."""
+    return lake.append("prompts", rows)
 
 
 def write_candidates(lake: Lake, rows: list[dict[str, Any]]) -> int:

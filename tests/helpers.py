@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 def candidates_of(lake, prompt_ids: list[str]) -> list[str]:
     """The candidate ids of these prompts, in prompt and sample order."""

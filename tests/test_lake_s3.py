@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import run_two_writers
+from helpers import free_port, run_two_writers
 
 from thresher.stores.lake import Lake
 
@@ -47,12 +46,6 @@ class HoldPartTwo:
         return self.app(environ, start_response)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server with one bucket; the AWS_* variables point every process at it."""
@@ -67,7 +60,7 @@ def s3():
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
     gate = HoldPartTwo(DomainDispatcherApplication(create_backend_app))
     server = make_server(
-        "127.0.0.1", _free_port(), gate, threaded=True, request_handler=MotoRequestHandler
+        "127.0.0.1", free_port(), gate, threaded=True, request_handler=MotoRequestHandler
     )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

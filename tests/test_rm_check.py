@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from thresher.config import SelectConfig
+from thresher.evaluators.pairs import PairsError, lake_pairs, read_pairs
 from thresher.flows.cli import app
 from thresher.intervals import wilson_interval
 from thresher.selection.select import select_batch
-from thresher.stores.pairs import PairsError, lake_pairs, read_pairs
 from thresher.stores.runs import latest_rm_check, record_run
 from thresher.verifiers.reward import RewardModel, RewardModelRejected, reward_model_gate
 
@@ -272,7 +272,7 @@ def test_the_gate_decision():
         reward_model_gate("/m", check, 0.85, force=False)
     assert "pairwise accuracy 0.53 [0.45, 0.61] on 200 pairs (< 0.85" in str(refused.value)
     assert "thresher rm-check at t0" in str(refused.value)
-    assert "select.force_reward_model: true" in str(refused.value)
+    assert "gates.force_reward_model: true" in str(refused.value)
     forced = reward_model_gate("/m", check, 0.85, force=True)
     assert forced["forced"] is True and forced["accuracy"] == 0.53
     passing = reward_model_gate("/m", check, 0.5, force=False)
@@ -302,8 +302,8 @@ def test_the_gate_reads_the_latest_completed_check(lake, tmp_path):
     record_check(lake, str(folder), 0.6)
     with pytest.raises(RewardModelRejected, match="accuracy 0.60"):
         reward_model_check(lake, cfg)
-    low = cfg.select.model_copy(update={"min_pairwise_accuracy": 0.5})
-    assert reward_model_check(lake, cfg.model_copy(update={"select": low}))["accuracy"] == 0.6
+    low = cfg.gates.model_copy(update={"min_pairwise_accuracy": 0.5})
+    assert reward_model_check(lake, cfg.model_copy(update={"gates": low}))["accuracy"] == 0.6
 
 
 def test_gate_settings_change_no_identity():
@@ -315,7 +315,7 @@ def test_gate_settings_change_no_identity():
         name="g",
         model="m",
         prompts={"dataset": "d"},
-        select={"min_pairwise_accuracy": 0.5, "force_reward_model": True},
+        gates={"min_pairwise_accuracy": 0.5, "force_reward_model": True},
     )
     capped = CurateConfig(name="g", model="m", prompts={"dataset": "d"}, select={"cap": 2})
     assert run_id_for(base) == run_id_for(gated) != run_id_for(capped)

@@ -125,6 +125,13 @@ class EngineStage(StageConfig):
     executor: Executor = Field("local", description=EXECUTOR_HELP)
     ray: RayConfig = Field(default_factory=RayConfig)
     compact: CompactConfig = Field(default_factory=CompactConfig)
+    timeout_s: float | None = Field(
+        None, gt=0, description="most seconds one batch's sampling may take (then retried)"
+    )
+
+    def runtime(self) -> dict[str, Any]:
+        """The fields every engine stage shares (what a derived stage's config inherits)."""
+        return {f: getattr(self, f) for f in EngineStage.model_fields if f != "name"}
 
 
 class VerifyConfig(_Strict):
@@ -147,16 +154,37 @@ class VerifyConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_names(self) -> VerifyConfig:
-        from thresher.stores.rules import rule_names
-        from thresher.verifiers import registry
+        from thresher.rules import rule_names
+        from thresher.verifiers import registry, verifier_name
 
         known = set(registry())
         used = set(self.verifiers) | {n for names in self.by_task.values() for n in names}
-        unknown = (used | set(self.options)) - known
+        # `module.path:ClassName` names a user's verifier, imported here
+        unknown = {n for n in used | set(self.options) if n not in known and ":" not in n}
         if unknown:
             raise ValueError(
                 f"unknown verifier(s) {sorted(unknown)}; known: {', '.join(sorted(known))}"
             )
+        imported = {n for n in used | set(self.options) if ":" in n}
+        if imported:
+            # from here on it goes by its class's `name`, as in rules and verdict rows
+            try:
+                named = {n: verifier_name(n) for n in imported}
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+
+            def canonical(names: list[str]) -> list[str]:
+                return list(dict.fromkeys(named.get(n, n) for n in names))
+
+            self.verifiers = canonical(self.verifiers)
+            self.by_task = {task: canonical(names) for task, names in self.by_task.items()}
+            options: dict[str, dict[str, Any]] = {}
+            for n, opts in self.options.items():
+                if named.get(n, n) in options:
+                    raise ValueError(f"options for verifier {named.get(n, n)!r} given twice")
+                options[named.get(n, n)] = opts
+            self.options = options
+            used = {named.get(n, n) for n in used}
         if self.rule:
             missing = rule_names(self.rule) - used
             if missing:
@@ -208,6 +236,12 @@ class SelectConfig(_Strict):
         None, ge=0, le=1, description="drop prompts solved more often than this (too easy)"
     )
     decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
+
+
+class GatesConfig(_Strict):
+    """Checks that decide whether a pipeline may run, not what it makes: left out of the
+    selection's and the run's identity, so changing them neither resamples nor reselects."""
+
     min_pairwise_accuracy: float = Field(
         0.85,
         ge=0,
@@ -223,9 +257,22 @@ class SelectConfig(_Strict):
     )
 
 
-# Settings that decide whether a pipeline may run, not what it selects: left out of the
-# selection's and the run's identity, so changing them neither resamples nor reselects.
-GATE_SETTINGS = {"select": {"min_pairwise_accuracy", "force_reward_model"}}
+def gates_moved_out_of_select(data: Any) -> Any:
+    """Configs written before the gates had a section of their own still load."""
+    if not isinstance(data, dict) or not isinstance(data.get("select"), dict):
+        return data
+    moved = {k: data["select"][k] for k in GatesConfig.model_fields if k in data["select"]}
+    if not moved:
+        return data
+    import warnings
+
+    warnings.warn(
+        f"select.{', select.'.join(moved)} moved to gates: (read from select this time)",
+        FutureWarning,
+        stacklevel=2,
+    )
+    select = {k: v for k, v in data["select"].items() if k not in moved}
+    return {**data, "select": select, "gates": {**moved, **(data.get("gates") or {})}}
 
 
 class DifficultyConfig(_Strict):
@@ -273,24 +320,32 @@ class CurateConfig(EngineStage):
     model: str = Field(description="a local model folder vLLM can load (or the server's name)")
     lora: str | None = Field(None, description="a LoRA adapter folder applied to `model`")
     round: int = Field(0, ge=0)
-    timeout_s: float | None = Field(
-        None, gt=0, description="most seconds one batch's sampling may take (then retried)"
-    )
     prompts: PromptsConfig
     server: ServerConfig | None = None
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
     rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gates_section(cls, data: Any) -> Any:
+        return gates_moved_out_of_select(data)
 
     @model_validator(mode="after")
     def _lora_needs_local_engine(self) -> CurateConfig:
         if self.lora and self.server:
             raise ValueError("lora applies to the local engine; a server loads adapters itself")
-        if self.server and self.executor == "ray":
+        if self.server and self.executor != "local":
             raise ValueError("executor: ray runs its own engines; it does not apply to a server")
         _judge_shares_the_engine(self)
         return self
+
+    @property
+    def placement(self) -> Literal["local", "server", "ray"]:
+        """Where sampling runs: a server when one is set, else the executor's engines."""
+        return "server" if self.server else self.executor
 
     @property
     def model_id(self) -> str:
@@ -306,7 +361,7 @@ def _judge_shares_the_engine(cfg: CurateConfig) -> None:
     if "judge" not in cfg.verify.all_names() or opts.get("server") or not opts.get("model"):
         return
     same = Path(str(opts["model"])).resolve() == Path(cfg.model).resolve()
-    if cfg.server or cfg.executor == "ray" or not same:
+    if cfg.placement != "local" or not same:
         raise ValueError(
             "a local judge model shares this process's one engine with sampling, so it must "
             "be the model that samples with a local engine; serve the judge model (e.g. "
@@ -425,18 +480,12 @@ class EvalConfig(EngineStage):
         if self.n > 1 and sampling.temperature == 0:
             raise ValueError("n > 1 samples need a temperature above 0")
         return CurateConfig(
+            **self.runtime() | {"sampling": sampling},
             name=f"eval:{self.name}",
             model=self.model,
             lora=self.lora,
             round=self.round,
-            lake=self.lake,
-            batch_size=self.batch_size,
             prompts=self.prompts,
-            sampling=sampling,
-            engine=self.engine,
-            executor=self.executor,
-            ray=self.ray,
-            compact=self.compact,
             verify=self.verify,
         )
 
@@ -491,9 +540,6 @@ class BootstrapConfig(EngineStage):
     model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
 
     base_model: str = Field(description="local model folder: model 0")
-    timeout_s: float | None = Field(
-        None, gt=0, description="most seconds one batch's sampling may take (then retried)"
-    )
     max_rounds: int = Field(3, ge=1, description="rounds to run (each trains one model)")
     min_gain: float = Field(
         0.01, description="held-out pass@1 gain over the best earlier model that counts"
@@ -511,22 +557,22 @@ class BootstrapConfig(EngineStage):
     audit: AuditGateConfig | None = Field(
         None, description="check each round's labelled false-pass rate before training on it"
     )
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gates_section(cls, data: Any) -> Any:
+        return gates_moved_out_of_select(data)
 
     def curate_config(self, round_: int, model: str) -> CurateConfig:
         """Round `round_`'s curate step, sampling with `model`."""
         return CurateConfig(
+            **self.runtime(),
             name=self.name,
             model=model,
             round=round_,
-            lake=self.lake,
-            batch_size=self.batch_size,
-            timeout_s=self.timeout_s,
             prompts=self.prompts,
-            sampling=self.sampling,
-            engine=self.engine,
-            executor=self.executor,
-            ray=self.ray,
-            compact=self.compact,
+            gates=self.gates,
             verify=self.verify,
             select=self.select,
             difficulty=self.difficulty,
@@ -549,28 +595,25 @@ class BootstrapConfig(EngineStage):
 
     def eval_config(self, round_: int, model: str) -> EvalConfig:
         """Held-out evaluation of model `round_` (model 0 is the base model)."""
-        e = self.eval
+        held_out = self.eval
         overrides = {
             k: v
             for k, v in dict(
-                temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens
+                temperature=held_out.temperature,
+                top_p=held_out.top_p,
+                max_tokens=held_out.max_tokens,
             ).items()
             if v is not None
         }
         return EvalConfig(
+            **self.runtime()
+            | {"sampling": self.sampling.model_copy(update={**overrides, "k": held_out.n})},
             name=self.name,
             model=model,
             round=round_,
-            lake=self.lake,
-            batch_size=self.batch_size,
-            prompts=e.prompts,
-            n=e.n,
-            ks=e.ks,
-            sampling=self.sampling.model_copy(update={**overrides, "k": e.n}),
-            engine=self.engine,
-            executor=self.executor,
-            ray=self.ray,
-            compact=self.compact,
+            prompts=held_out.prompts,
+            n=held_out.n,
+            ks=held_out.ks,
             verify=self.verify,
         )
 

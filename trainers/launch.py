@@ -1,7 +1,7 @@
 """Training in several processes: the flow's side starts torchrun, each process runs this
 module's `main`.
 
-The parent writes the spec and the rows to <out>/launch/ (job.json, rows.jsonl), runs
+The parent writes the settings and the rows to <out>/launch/ (job.json, rows.jsonl), runs
 `python -m torch.distributed.run --standalone --nproc_per_node N -m thresher.trainers.launch
 <out>/launch`, forwards its output (also kept in launch/train.log), and hands the metric
 rows rank 0 appends to launch/metrics.jsonl to `on_metrics` as they come. Rank 0 writes
@@ -50,8 +50,36 @@ def torchrun_command(job_dir: Path, processes: int) -> list[str]:
     ]
 
 
+def run_training(
+    settings: TrainSettings,
+    base_model: str,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path,
+    on_metrics: Callable[[list[dict]], None] | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train as `settings.distributed` says: in this process, or in several processes under
+    torchrun (the one place that decides where training runs)."""
+    d = settings.distributed
+    if d.processes > 1:
+        return train_distributed(
+            settings,
+            base_model,
+            rows,
+            out_dir,
+            d.processes,
+            d.strategy,
+            d.backend,
+            on_metrics,
+            progress,
+        )
+    from thresher.trainers.sft import train
+
+    return train(settings, base_model, rows, out_dir, on_metrics=on_metrics, progress=progress)
+
+
 def train_distributed(
-    spec: TrainSettings,
+    settings: TrainSettings,
     base_model: str,
     rows: list[dict[str, Any]],
     out_dir: str | Path,
@@ -70,7 +98,7 @@ def train_distributed(
     from thresher.config import TrainSettings
 
     job = {  # the settings alone: a TrainConfig's pipeline fields stay with the flow
-        "spec": spec.model_dump(include=set(TrainSettings.model_fields)),
+        "settings": settings.model_dump(include=set(TrainSettings.model_fields)),
         "base_model": base_model,
         "out": str(out),
         "strategy": strategy,
@@ -179,7 +207,7 @@ def run_job(job_dir: Path) -> None:
     dist = init_distributed(job["strategy"], job["backend"])
     try:
         result = train(
-            TrainSettings(**job["spec"]),
+            TrainSettings(**job["settings"]),
             job["base_model"],
             rows,
             job["out"],

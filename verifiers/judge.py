@@ -6,14 +6,14 @@ import json
 import os
 import re
 import string
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+from pydantic import Field, field_validator
 
-from thresher.verifiers.base import Verdict, quote, verdict_frame
+from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
 from thresher.verifiers.extract import extract_answer
 
 DEFAULT_TEMPLATE = """\
@@ -107,17 +107,10 @@ def reply_verdict(reply: str, answer: str, reference: str) -> Verdict:
     )
 
 
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    pa, pb = Path(a), Path(b)
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
-
-
-class Judge:
+class Judge(Verifier):
     """Ask a model whether a candidate's final answer matches the prompt's reference answer.
 
-    Where the model runs, one of:
+    Where the model runs (the samplers' `sampler_at` makes the sampler), one of:
     - `model`: a local model folder, run by this process's vLLM engine. A running engine
       that serves that model is reused (whatever its other settings, a sampling engine
       included) and left running; otherwise the judge starts one (`engine`: get_engine's
@@ -143,6 +136,32 @@ class Judge:
     ranks = False
     # a request that fails after its retries fails the batch, never a verdict
     operational = frozenset({"concurrency", "timeout_s", "retries", "api_key_env"})
+
+    class Options(Verifier.Options):
+        model: str | None = Field(None, description="a local model folder (the sampling model)")
+        server: str | None = Field(None, description="an OpenAI-compatible server's base URL")
+        template: str = Field(DEFAULT_TEMPLATE, description="with {prompt}, {reference}, {answer}")
+        max_tokens: int = Field(8, ge=1, description="of the reply")
+        served_model: str | None = Field(None, description="the model `server` serves")
+        api_key_env: str | None = Field(None, description="the variable holding server's key")
+        chat: bool = Field(True, description="ask through the model's chat template")
+        engine: dict[str, Any] | None = Field(None, description="a local engine's settings")
+        concurrency: int = Field(16, ge=1, description="requests to the server at once")
+        timeout_s: float = Field(120.0, gt=0, description="one request")
+        retries: int = Field(3, ge=0, description="of a failed request")
+
+        @field_validator("template")
+        @classmethod
+        def _fields(cls, template: str) -> str:
+            return check_template(template)
+
+        @field_validator("engine")
+        @classmethod
+        def _engine(cls, engine: dict[str, Any] | None) -> dict[str, Any] | None:
+            unknown = sorted(set(engine or {}) - ENGINE_OPTIONS)
+            if unknown:
+                raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(ENGINE_OPTIONS)}")
+            return engine
 
     def __init__(
         self,
@@ -218,93 +237,54 @@ class Judge:
         messages = [[{"role": "user", "content": t}] for t in texts]
         return render_prompts(llm, [None] * len(texts), messages)
 
-    def local_engine(self) -> tuple[Any, bool]:
-        """(the engine for `model`, whether this call started it)."""
-        from thresher.samplers.vllm_offline import get_engine, running_engine
+    def sampler(self):
+        """What the judge asks: the samplers' own choice of a server or this process's
+        engine (shared with sampling when it serves the same model), greedy."""
+        from thresher.config import SamplingConfig, ServerConfig
+        from thresher.samplers.engines import sampler_at
 
-        running = running_engine()
-        if running and _same_model(running[0], self.model):
-            return running[1], False
-        if running:
-            print(
-                f"judge: stopping the vLLM engine of {running[0]} to start one for {self.model}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return get_engine(self.model, **self.engine), True
+        greedy = SamplingConfig(
+            k=1, temperature=0.0, top_p=1.0, top_k=0, max_tokens=self.max_tokens, chat=self.chat
+        )
+        server = self.server and ServerConfig(
+            base_url=self.server,
+            concurrency=self.concurrency,
+            retries=self.retries,
+            timeout_s=self.timeout_s,
+            api_key_env=self.api_key_env,
+            vllm_extensions=False,  # plain OpenAI parameters: any compatible server
+        )
+        return sampler_at(self.served_model or self.model, greedy, server or None, self.engine)
 
-    def too_long(self, llm, prompts: list[str]) -> list[Verdict | None]:
-        """A failing verdict for each engine prompt that leaves no room for the reply."""
-        tokenizer = llm.get_tokenizer()
-        limit = llm.llm_engine.model_config.max_model_len
-        out: list[Verdict | None] = []
-        for p in prompts:
-            n = len(tokenizer.encode(p))
-            out.append(
+    def ask(self, texts: list[str], keep: bool = False) -> tuple[list[str | Verdict], float]:
+        """The model's replies to these judge prompts, in one batched call, and the seconds
+        they took (a local engine's start not counted); a prompt too long for the model
+        gets a failing verdict instead (`keep`: an engine the judge started stays up)."""
+        sampler = self.sampler()
+        was_up = sampler.is_up()
+        none = [None] * len(texts)
+        try:
+            over = sampler.too_long(texts, none)  # starts a local engine
+            out: list[str | Verdict] = [
                 Verdict(
                     0.0,
                     False,
-                    f"judge prompt is {n} tokens: with max_tokens {self.max_tokens} "
-                    f"it exceeds the judge model's limit of {limit}",
+                    f"judge prompt is {o[0]} tokens: with max_tokens {self.max_tokens} "
+                    f"it exceeds the judge model's limit of {o[1]}",
                 )
-                if n + self.max_tokens > limit
-                else None
-            )
-        return out
-
-    def ask_local(self, llm, texts: list[str]) -> list[str | Verdict]:
-        """The engine's reply to each judge prompt, in one batched request; a prompt too long
-        for the model gets a failing verdict instead."""
-        from thresher.samplers.vllm_offline import sample
-
-        prompts = self.engine_prompts(llm, texts)
-        checked = zip(self.too_long(llm, prompts), prompts, strict=True)
-        out: list[str | Verdict] = [v or p for v, p in checked]
-        todo = [p for p in out if isinstance(p, str)]
-        if not todo:
-            return out
-        greedy = dict(k=1, temperature=0.0, top_p=1.0, top_k=0, max_tokens=self.max_tokens)
-        replies = iter(c[0].text for c in sample(llm, todo, **greedy))
-        return [next(replies) if isinstance(p, str) else p for p in out]
-
-    def ask_server(self, texts: list[str]) -> list[str]:
-        """The server's reply to each judge prompt (requests run concurrently)."""
-        from thresher.samplers.openai_server import sample_server
-
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        messages = [[{"role": "user", "content": t}] for t in texts] if self.chat else None
-        outs = sample_server(
-            self.server,
-            self.served_model,
-            texts,
-            messages or [None] * len(texts),
-            k=1,
-            temperature=0.0,
-            top_p=1.0,
-            max_tokens=self.max_tokens,
-            concurrency=self.concurrency,
-            retries=self.retries,
-            timeout=self.timeout_s,
-            api_key=key,
-            vllm_extensions=False,  # plain OpenAI parameters: any compatible server
-        )
-        return [o[0].text for o in outs]
-
-    def ask(self, texts: list[str], keep: bool = False) -> tuple[list[str | Verdict], float]:
-        """The model's replies to these judge prompts, and the seconds they took (a local
-        engine's start not counted)."""
-        if self.server:
+                if o
+                else t
+                for o, t in zip(over, texts, strict=True)
+            ]
+            todo = [t for t in out if isinstance(t, str)]
             start = time.perf_counter()
-            return list(self.ask_server(texts)), time.perf_counter() - start
-        from thresher.samplers.vllm_offline import shutdown_engine
-
-        llm, started = self.local_engine()
-        try:
-            start = time.perf_counter()
-            return self.ask_local(llm, texts), time.perf_counter() - start
+            outs = sampler.sample(todo, [None] * len(todo), 1) if todo else []
+            replies = iter(c[0].text for c in outs)
+            seconds = time.perf_counter() - start
+            return [next(replies) if isinstance(t, str) else t for t in out], seconds
         finally:
-            if started and not keep:
-                shutdown_engine()
+            if not was_up and not keep:
+                sampler.close()
 
     def run(self, batch: pl.DataFrame, keep: bool = False) -> pl.DataFrame:
         """One verdict per candidate; only rows with a reference and a final answer are

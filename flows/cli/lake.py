@@ -28,7 +28,7 @@ class SourceFormat(StrEnum):
 
 
 def _ingest_help() -> str:
-    from thresher.stores.presets import help_lines
+    from thresher.ingest.presets import help_lines
 
     lines = "\n".join(f"- {line}" for line in help_lines())
     return (
@@ -90,8 +90,8 @@ def ingest(
     lake: LakeOption = None,
 ) -> None:
     """Load prompts into the lake (see the command's help text)."""
-    from thresher.stores.ingest import IngestError, parse_mapping
-    from thresher.stores.ingest import ingest as do_ingest
+    from thresher.ingest.load import IngestError, parse_mapping
+    from thresher.ingest.load import ingest as do_ingest
     from thresher.stores.lake import Lake
 
     try:
@@ -181,7 +181,7 @@ def _open_lake(lake: str | None):
 
     try:
         lk = Lake(lake, create=False)
-        lk.connect().close()  # a clear error for a missing lake (main: for an older one)
+        lk.check_readable()  # a clear error for a missing lake (main: for an older one)
     except FileNotFoundError as e:
         fail(str(e))
     return lk

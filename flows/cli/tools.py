@@ -31,7 +31,7 @@ def verify_cmd(
             "--verifier",
             "-v",
             help="Verifier to run (repeatable): exact, math, choice, regex, format, code, "
-            "reward, judge.",
+            "reward, judge, majority, or a verifier of your own as module:Class.",
         ),
     ] = None,
     options: Annotated[
@@ -52,6 +52,7 @@ def verify_cmd(
     """
     import json
 
+    from thresher.verifiers import verifier_name
     from thresher.verifiers.external import verify_file
 
     names = verifier or ["exact"]
@@ -71,7 +72,7 @@ def verify_cmd(
         sys.stdout.write(lines)
     bad = sum(1 for r in rows if "error" in r)
     for name in names:
-        got = [r for r in rows if r.get("verifier") == name]
+        got = [r for r in rows if r.get("verifier") == verifier_name(name)]
         passed = sum(r["passed"] for r in got)
         typer.echo(f"{name}: {passed}/{len(got)} passed", err=True)
     if bad:
@@ -194,12 +195,12 @@ def rm_check(
     from a round's selection: up to --per-prompt (kept, failed) pairs of each prompt in a
     fixed hash order, at most --max-pairs in all. The check is recorded in the `runs` table
     (flow rm-check); a pipeline using the `reward` verifier refuses to run unless its
-    model's latest check reaches select.min_pairwise_accuracy (or select.force_reward_model
+    model's latest check reaches gates.min_pairwise_accuracy (or gates.force_reward_model
     is set). Exit code: 0 when the accuracy reaches --min-accuracy, 1 below it, 2 for bad
     input.
     """
+    from thresher.evaluators.pairs import PairsError, lake_pairs, read_pairs
     from thresher.stores.lake import Lake
-    from thresher.stores.pairs import PairsError, lake_pairs, read_pairs
     from thresher.stores.queries import latest_curated_round
 
     if (pairs is None) == (not from_lake):
@@ -260,7 +261,7 @@ def rm_check(
             f"meets the minimum {min_accuracy}"
             if meets
             else f"below the minimum {min_accuracy}: pipelines using it refuse to run "
-            "(select.min_pairwise_accuracy, select.force_reward_model)"
+            "(gates.min_pairwise_accuracy, gates.force_reward_model)"
         )
     )
     if not meets:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,12 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import free_port
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +22,7 @@ def prefect_server():
     or use `prefect.settings.temporary_settings` in-process.
     """
     home = Path(tempfile.mkdtemp(prefix="thresher-prefect-server-"))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),

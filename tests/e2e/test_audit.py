@@ -16,7 +16,7 @@ import yaml
 
 from thresher.config import BootstrapConfig, SelectConfig, VerifyConfig
 from thresher.evaluators.audit import verifier_quality
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"

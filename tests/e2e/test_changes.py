@@ -18,7 +18,7 @@ from thresher.flows.curate import run_curate
 from thresher.flows.evaluate import run_eval
 from thresher.flows.identities import selection_id_for
 from thresher.flows.train import run_train
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"

@@ -7,7 +7,7 @@ import pytest
 
 from thresher.config import CurateConfig
 from thresher.flows.curate import NothingToCurate, run_curate
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
@@ -116,3 +116,35 @@ def test_unknown_dataset_is_a_clear_error(curated, tiny_model):
     missing = cfg.model_copy(update={"prompts": cfg.prompts.model_copy(update={"dataset": "x"})})
     with pytest.raises(NothingToCurate, match="no prompts in the lake"):
         run_curate(missing, lake.root, progress=False)
+
+
+def test_a_batch_computes_its_candidate_ids_once(curated, monkeypatch):
+    """Sampling, verifying, rationalizing and selecting a batch all read the ids its sampling
+    stage computed: each prompt's ids are hashed once (its hinted ids once more)."""
+    import thresher.samplers as samplers
+
+    lake, cfg, _, _ = curated
+    hashed = []
+    real = samplers._hashed
+
+    def counting(prompt_id, middle, tail, indices):
+        hashed.append((prompt_id, b'"hint"' in tail))
+        return real(prompt_id, middle, tail, indices)
+
+    monkeypatch.setattr(samplers, "_hashed", counting)
+    more = cfg.model_copy(
+        update={
+            "name": "ids-once",
+            # one more sample per prompt (sampled now) and hinted samples of unsolved prompts
+            "sampling": cfg.sampling.model_copy(update={"k": K + 1}),
+            "rationalize": {"enabled": True, "k": 2},
+        }
+    )
+    summary = run_curate(CurateConfig(**more.model_dump()), lake.root, progress=False)
+    assert summary["sampled_now"] >= PROMPTS  # the new index of each prompt, then hints
+    plain = [p for p, hint in hashed if not hint]
+    hinted = [p for p, hint in hashed if hint]
+    assert sorted(plain) == sorted(set(plain)) and len(plain) == PROMPTS
+    assert hinted and sorted(hinted) == sorted(set(hinted))
+    n_hinted = lake.query("SELECT count(DISTINCT prompt_id) AS n FROM candidates WHERE hinted")
+    assert len(hinted) == n_hinted["n"][0]

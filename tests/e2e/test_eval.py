@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"

@@ -272,7 +272,7 @@ def test_verify_command_with_the_judge(engine, tiny_model, tmp_path):
 def test_curate_records_judge_verdicts_beside_the_rule_verifier(engine, tiny_model, tmp_path):
     from thresher.flows.curate import curate_flow
     from thresher.flows.runtime import flow_settings
-    from thresher.stores.ingest import ingest
+    from thresher.ingest.load import ingest
     from thresher.stores.lake import Lake
 
     lake = Lake(tmp_path / "lake")

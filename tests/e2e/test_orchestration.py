@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"

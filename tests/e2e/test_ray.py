@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from thresher.config import CurateConfig
 from thresher.flows.curate import run_curate
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 pytestmark = pytest.mark.engine
@@ -25,18 +25,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 RAY = Path(sys.executable).with_name("ray")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """The address of a one-node Ray cluster with its own temp dir, stopped afterwards."""
     # Ray's socket paths must stay short: a temp dir directly under /tmp
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    port = _free_port()
+    port = free_port()
     # A local test cluster needs no tokens; without this, a ~/.ray/auth_token left by an
     # earlier local Ray makes the head require one that the clients do not send.
     auth = os.environ.get("RAY_AUTH_MODE")

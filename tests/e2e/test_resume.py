@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"

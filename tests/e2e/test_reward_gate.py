@@ -14,7 +14,7 @@ from thresher.flows.bootstrap import run_bootstrap
 from thresher.flows.cli import app
 from thresher.flows.curate import run_curate
 from thresher.flows.identities import run_id_for
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 from thresher.stores.runs import latest_rm_check
 from thresher.verifiers.reward import RewardModelRejected
@@ -105,7 +105,7 @@ def test_a_reward_model_must_pass_rm_check(tiny_model, tiny_reward_model, tmp_pa
     assert all("RewardModelRejected" in r for r in runs["summary"])
 
     # forced: the run goes on, and its summary records the figure it was forced past
-    forced = CurateConfig(**{**settings, "select": {"force_reward_model": True}})
+    forced = CurateConfig(**{**settings, "gates": {"force_reward_model": True}})
     assert run_id_for(forced) == run_id_for(cfg)  # a gate setting resumes the same run
     summary = run_curate(forced, lake.root, progress=False)
     assert summary["candidates"] == PROMPTS * K and summary["sampled_now"] == PROMPTS * K

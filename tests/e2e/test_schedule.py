@@ -25,7 +25,7 @@ from thresher.config import (
     load_config,
 )
 from thresher.flows.schedule import FLOWS, ScheduleError, apply_params, parse_param
-from thresher.stores.ingest import ingest
+from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -162,7 +162,7 @@ def test_server_errors_are_retried_with_backoff():
 def test_curate_flow_samples_from_the_server(server, tmp_path):
     from thresher.config import CurateConfig
     from thresher.flows.curate import run_curate
-    from thresher.stores.ingest import ingest
+    from thresher.ingest.load import ingest
     from thresher.stores.lake import Lake
 
     lake = Lake(tmp_path / "lake")
@@ -207,7 +207,7 @@ def test_a_refusal_is_tried_once_by_the_sampler_and_the_flow(tmp_path):
     """A 4xx fails at once: the sampler does not retry it, nor does the flow's task."""
     from thresher.config import CurateConfig
     from thresher.flows.curate import run_curate
-    from thresher.stores.ingest import ingest
+    from thresher.ingest.load import ingest
     from thresher.stores.lake import Lake
 
     lake = Lake(tmp_path / "lake")

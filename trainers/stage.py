@@ -1,0 +1,48 @@
+"""The training stage: the rows a train config names, and a run that records its metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from thresher.config import TrainConfig
+from thresher.stores.lake import Lake
+
+
+def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict[str, Any]]:
+    """The SFT rows the config names: a round's kept data in the lake, or a file or
+    `datasets` folder on disk."""
+    import json
+
+    data = cfg.data
+    if data.path:
+        path = Path(data.path)
+        if path.is_dir():
+            import datasets
+
+            return datasets.load_from_disk(str(path)).to_list()
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from thresher.stores.export import sft_rows
+
+    round_ = data.round if data.round is not None else cfg.round
+    return sft_rows(lake, round_, data.all_rounds, data.pipeline)
+
+
+def train_model(
+    lake: Lake,
+    cfg: TrainConfig,
+    run_id: str,
+    base_model: str,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path,
+    progress: bool = True,
+):
+    """Train on `rows` where `cfg.distributed` says, each logged step's metrics into
+    `train_metrics` under `run_id`; returns the TrainResult."""
+    from thresher.stores.tables import write_train_metrics
+    from thresher.trainers.launch import run_training
+
+    def on_metrics(steps: list[dict]) -> None:
+        write_train_metrics(lake, run_id, steps)
+
+    return run_training(cfg, base_model, rows, out_dir, on_metrics, progress=progress)
