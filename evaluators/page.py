@@ -25,9 +25,9 @@ from thresher.stores.lake import Lake
 # The plots a report may write, in page order.
 PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png", "verifier_quality.png")
 
-# Funnel stages drawn as bars; too_easy and hint_share only when some round has them.
+# Funnel stages drawn as bars; the rare drops only when some round has them.
 FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
-FUNNEL_RARE = ("too_easy", "hint_share")
+FUNNEL_RARE = ("truncated_dropped", "too_easy", "hint_share")
 
 
 class NoRounds(ValueError):
@@ -42,7 +42,10 @@ def write_report(
     evals = eval_by_round(lake, name)
     funnel = funnel_by_round(lake, name)
     if evals.is_empty() and funnel.is_empty():
-        raise NoRounds(no_rounds_message(lake, name))
+        from thresher.evaluators.report import test_results
+
+        if test_results(lake, name).is_empty():
+            raise NoRounds(no_rounds_message(lake, name))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -275,6 +278,38 @@ def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[
 # -- the page -------------------------------------------------------------------------
 
 
+def _best_lines(lake: Lake, name: str | None) -> list[str]:
+    """The best model on held-out pass@1, and the rounds that rolled back to it."""
+    from thresher.evaluators.report import best_and_rollbacks
+
+    best, rolled = best_and_rollbacks(lake, name)
+    lines = [] if best is None else [f"<p>Best model on held-out pass@1: <b>round {best}</b>.</p>"]
+    for round_, source in rolled:
+        lines.append(
+            f'<p class="note">Round {round_} sampled with model {source}: model {round_} '
+            "had regressed (rollback).</p>"
+        )
+    return lines
+
+
+def _test_section(lake: Lake, name: str | None) -> list[str]:
+    """The sealed test split's results, apart from the rounds: opened only by final
+    evaluations, every opening counted."""
+    from thresher.evaluators.report import test_results
+
+    results = test_results(lake, name)
+    if results.is_empty():
+        return []
+    n = results.height
+    return [
+        "<h2>Sealed test split</h2>",
+        f"<p>Opened {n} time{'s' if n != 1 else ''} (<code>thresher eval --split test "
+        "--final</code>); no round, stop rule or audit reads it. Each look at it spends some "
+        "of its independence: open it at milestones.</p>",
+        _html_table(results.with_columns(pl.col("opened_at").cast(pl.String))),
+    ]
+
+
 def _cell(value) -> str:
     if value is None:
         return "–"
@@ -344,8 +379,10 @@ def _page(
         "candidates; prompts, all_pass and all_fail count prompts by their unhinted "
         "candidates.</p>",
         _html_table(table),
+        *_best_lines(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
+        *_test_section(lake, name),
     ]
     for file, note in plots.items():
         if file == "verifier_quality.png":

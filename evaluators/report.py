@@ -25,6 +25,7 @@ ROUND_TABLE_COUNTS = (
     "sampled",
     "hinted",
     "passed",
+    "truncated_dropped",
     "duplicates",
     "capped",
     "contaminated",
@@ -79,6 +80,29 @@ def eval_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     wide = long.pivot(on="metric", index="round", values="value").sort("round")
     metrics = sorted((c for c in wide.columns if c != "round"), key=_metric_key)
     return wide.select("round", *metrics)
+
+
+def test_results(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Every opening of the sealed test split, oldest first: opening, when, model, round and
+    its overall pass@k (a column per metric)."""
+    where = "e.split = 'test' AND e.task = 'all'"
+    params: list = []
+    if name is not None:
+        where += f" AND e.run_id IN ({_runs_named('evaluate')})"
+        params.append(name)
+    long = lake.query(
+        f"""SELECT e.run_id, min(r.started_at) AS opened_at, any_value(e.model) AS model,
+                   any_value(e.round) AS round, e.metric, any_value(e.value) AS value
+            FROM evals e JOIN runs r USING (run_id) WHERE {where}
+            GROUP BY e.run_id, e.metric""",
+        params,
+    )
+    if long.is_empty():
+        return pl.DataFrame(schema={"opening": pl.Int64})
+    wide = long.pivot(on="metric", index=["run_id", "opened_at", "model", "round"], values="value")
+    wide = wide.sort("opened_at").with_row_index("opening", offset=1)
+    metrics = sorted((c for c in wide.columns if c.startswith("pass@")), key=_metric_key)
+    return wide.select("opening", "opened_at", "model", "round", *metrics)
 
 
 def funnel_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
@@ -149,6 +173,33 @@ def round_table(lake: Lake, name: str | None = None) -> pl.DataFrame:
     )
     metrics = [c for c in evals.columns if c != "round"]
     return table.select("round", *metrics, *ROUND_TABLE_COUNTS)
+
+
+def best_and_rollbacks(lake: Lake, name: str | None = None) -> tuple[int | None, list[tuple]]:
+    """The round whose model has the best held-out pass@1 (None: no evals), and, from the
+    pipeline's latest bootstrap run, each round that sampled with an earlier model
+    (round, the model's round)."""
+    import json
+
+    evals = eval_by_round(lake, name)
+    best = None
+    if "pass@1" in evals.columns and evals.height:
+        best = int(evals.sort(["pass@1", "round"], descending=[True, False])["round"][0])
+    where = "flow = 'bootstrap' AND status = 'completed'"
+    params: list = []
+    if name is not None:
+        where += " AND json_extract_string(config, '$.name') = ?"
+        params.append(name)
+    runs = lake.query(
+        f"SELECT summary FROM runs WHERE {where} ORDER BY finished_at DESC LIMIT 1", params
+    )
+    rounds = json.loads(runs["summary"][0] or "{}").get("rounds", []) if runs.height else []
+    rolled = [
+        (r["round"], r["sampled_with"])
+        for r in rounds
+        if r.get("sampled_with") is not None and r["sampled_with"] != r["round"]
+    ]
+    return best, rolled
 
 
 def pipeline_names(lake: Lake) -> list[str]:

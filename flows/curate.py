@@ -109,12 +109,13 @@ def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
     )
 
 
-def prompt_rows(lake: Lake, cfg: CurateConfig) -> list[dict]:
-    """The config's prompts (id, prompt, messages, answer), ordered by prompt_id."""
+def prompt_rows(lake: Lake, cfg: CurateConfig, open_test: bool = False) -> list[dict]:
+    """The config's prompts (id, prompt, messages, answer), ordered by prompt_id (the test
+    split only with `open_test`: a final evaluation)."""
     from thresher.stores.queries import load_prompts
 
     p = cfg.prompts
-    prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task)
+    prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task, open_test)
     if prompts.height == 0:
         raise NothingToCurate(
             f"no prompts in the lake for dataset={p.dataset!r} split={p.split!r}"
@@ -129,9 +130,9 @@ def batched(rows: list[dict], size: int) -> list[list[dict]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def prompt_batches(lake: Lake, cfg: CurateConfig) -> list[list[dict]]:
+def prompt_batches(lake: Lake, cfg: CurateConfig, open_test: bool = False) -> list[list[dict]]:
     """The config's prompts in batches of `batch_size`."""
-    return batched(prompt_rows(lake, cfg), cfg.batch_size)
+    return batched(prompt_rows(lake, cfg, open_test), cfg.batch_size)
 
 
 def sampled_batches(
@@ -283,7 +284,7 @@ def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:
     from thresher.flows.artifacts import publish
 
     keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "passed", "too_easy")
-    keys += ("contaminated", "duplicates", "capped", "kept")
+    keys += ("truncated_dropped", "contaminated", "duplicates", "capped", "kept")
     publish(
         f"curate-{cfg.name}-round-{cfg.round}",
         f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",

@@ -1,12 +1,13 @@
 """Selection: which verified candidates of a round become training data, and why the rest don't.
 
 For each candidate of a batch, in this order: `failed` (the rule does not hold),
-`too_easy` (its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>`
-(its prompt or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised
-text, or a MinHash near-duplicate, of a candidate kept before it), `capped` (over the
-per-prompt cap under the chosen policy), `hint_share` (a hinted candidate over the
-batch's share of hinted data); otherwise kept. One `selections` row each, written
-through the store; the decisions themselves read nothing but the rows they are given.
+`truncated` (it passed but was cut at max_tokens, unless `keep_truncated`), `too_easy`
+(its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>` (its prompt
+or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised text, or a
+MinHash near-duplicate, of a candidate kept before it), `capped` (over the per-prompt cap
+under the chosen policy), `hint_share` (a hinted candidate over the batch's share of
+hinted data); otherwise kept. One `selections` row each, written through the store; the
+decisions themselves read nothing but the rows they are given.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def decide(
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
         r["reason"] = None if r["passed"] else DropReason.failed.value
+        if r["reason"] is None and r.get("finish_reason") == "length" and not spec.keep_truncated:
+            r["reason"] = DropReason.truncated.value
         by_prompt.setdefault(r["prompt_id"], []).append(r)
 
     if spec.max_pass_rate is not None:

@@ -85,6 +85,7 @@ DIFFICULTY_BY_ROUND_SQL = """
 # and a run's summary (queries.run_summary) both count with these.
 FUNNEL_COUNTS_SQL = f"""
                count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               count(*) FILTER (WHERE {DropReason.truncated.sql()}) AS truncated_dropped,
                count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
                count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,

@@ -11,10 +11,24 @@ from thresher.stores.lake import FUNNEL_COUNTS_SQL, Lake
 from thresher.stores.schemas import PASSED_SQL
 
 
+class SealedSplit(ValueError):
+    """A read of the test split by anything but a final evaluation."""
+
+
 def load_prompts(
-    lake: Lake, dataset: str, split: str, limit: int | None = None, task: str | None = None
+    lake: Lake,
+    dataset: str,
+    split: str,
+    limit: int | None = None,
+    task: str | None = None,
+    open_test: bool = False,
 ):
-    """Prompts of one dataset split, ordered by prompt_id (a stable order for batching)."""
+    """Prompts of one dataset split, ordered by prompt_id (a stable order for batching);
+    the test split only with `open_test` (a final evaluation)."""
+    if split == "test" and not open_test:
+        from thresher.config import SEALED
+
+        raise SealedSplit(SEALED)
     sql = "SELECT * FROM prompts WHERE dataset = ? AND split = ?"
     params: list = [dataset, split]
     if task:
@@ -170,7 +184,7 @@ def prompts_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, diges
 # the verdicts read, and a score (the ranking verifiers', else the mean).
 SELECTION_INPUTS_SQL = """
 SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
-       coalesce(cand.hinted, false) AS hinted,
+       cand.finish_reason, coalesce(cand.hinted, false) AS hinted,
        p.prompt, p.messages,
        {passed} AS passed,
        coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
@@ -286,8 +300,12 @@ def previous_run(lake: Lake, flow: str, name: str, round_: int, run_id: str) -> 
 
 
 def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str, str]]:
-    """(prompt_id, prompt text) of every eval-split prompt (of `datasets`, if given)."""
-    sql = "SELECT prompt_id, coalesce(prompt, messages) AS text FROM prompts WHERE split = 'eval'"
+    """(prompt_id, prompt text) of every held-out prompt, eval and test splits (of
+    `datasets`, if given): what decontamination keeps out of training data."""
+    sql = (
+        "SELECT prompt_id, coalesce(prompt, messages) AS text FROM prompts "
+        "WHERE split IN ('eval', 'test')"
+    )
     params: list = []
     if datasets is not None:
         sql += " AND dataset IN (SELECT unnest(?))"
@@ -297,5 +315,20 @@ def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str,
 
 
 def eval_prompt_count(lake: Lake) -> int:
-    """How many prompts of any dataset are in an eval split."""
-    return int(lake.query("SELECT count(*) AS n FROM prompts WHERE split = 'eval'")["n"][0])
+    """How many prompts of any dataset are held out (eval and test splits)."""
+    sql = "SELECT count(*) AS n FROM prompts WHERE split IN ('eval', 'test')"
+    return int(lake.query(sql)["n"][0])
+
+
+def test_openings(lake: Lake, dataset: str | None = None) -> list[dict]:
+    """Every final evaluation of the sealed test split (of `dataset`), oldest first: run,
+    model, round, when, status."""
+    return lake.query(
+        """SELECT run_id, model, round, started_at, status,
+                  json_extract_string(config, '$.prompts.dataset') AS dataset
+           FROM runs WHERE flow = 'evaluate'
+             AND json_extract_string(config, '$.prompts.split') = 'test'
+             AND ($dataset IS NULL OR json_extract_string(config, '$.prompts.dataset') = $dataset)
+           ORDER BY started_at""",
+        {"dataset": dataset},
+    ).to_dicts()

@@ -165,6 +165,7 @@ class DropReason(StrEnum):
     """Why selection dropped a candidate (`selections.drop_reason`; NULL: kept)."""
 
     failed = "failed"  # the verify rule does not hold
+    truncated = "truncated"  # it passed, but was cut at max_tokens (keep_truncated: false)
     too_easy = "too_easy"  # its prompt's pass rate is above max_pass_rate
     contaminated = "contaminated"  # contaminated:<eval item>
     duplicate_of = "duplicate_of"  # duplicate_of:<the kept candidate's id>

@@ -2,7 +2,9 @@ import pytest
 from helpers import select
 
 
-def seed_lake(lake, texts_by_prompt, passed_by_prompt, run_id="r", round_=0):
+def seed_lake(lake, texts_by_prompt, passed_by_prompt, run_id="r", round_=0, cut=()):
+    """Candidates `<prompt>-<i>` with one exact verdict each; those in `cut` were cut at
+    max_tokens (finish_reason length)."""
     candidates, verdicts = [], []
     for pid, texts in texts_by_prompt.items():
         for i, text in enumerate(texts):
@@ -16,6 +18,7 @@ def seed_lake(lake, texts_by_prompt, passed_by_prompt, run_id="r", round_=0):
                     "model": "m",
                     "sample_idx": i,
                     "text": text,
+                    "finish_reason": "length" if cid in cut else "stop",
                 }
             )
             verdicts.append(
@@ -55,6 +58,34 @@ def test_failed_duplicates_and_cap(lake):
     assert funnel == {"kept": 2, "duplicate_of": 1, "capped": 2, "failed": 3}
     # selecting again writes nothing new
     assert select(lake, ["p1", "p2"], cap=2, policy="first") == 0
+
+
+def test_a_passing_candidate_cut_at_max_tokens_is_not_kept(lake):
+    seed_lake(
+        lake,
+        {"p1": ["A", "B", "C"], "p2": ["x", "y"]},
+        {"p1": [True, True, False], "p2": [True, False]},
+        cut={"p1-0", "p1-2", "p2-1"},
+    )
+    select(lake, ["p1", "p2"], cap=4, policy="first")
+    rows = {r["candidate_id"]: r for r in lake.query("SELECT * FROM selections").to_dicts()}
+    assert rows["p1-0"]["drop_reason"] == "truncated" and not rows["p1-0"]["kept"]
+    assert rows["p1-1"]["kept"] and rows["p2-0"]["kept"]
+    # a cut candidate that failed is a failure first
+    assert rows["p1-2"]["drop_reason"] == "failed" == rows["p2-1"]["drop_reason"]
+    funnel = lake.query("SELECT * FROM round_funnel").row(0, named=True)
+    assert (funnel["passed"], funnel["truncated_dropped"], funnel["kept"]) == (3, 1, 2)
+    outcomes = dict(lake.query("SELECT outcome, candidates FROM funnel").rows())
+    assert outcomes == {"kept": 2, "truncated": 1, "failed": 2}
+    # the pass rate still counts it: it did pass
+    assert lake.query("SELECT pass_rate FROM yield_by_round")["pass_rate"][0] == 0.6
+
+
+def test_keep_truncated_keeps_them(lake):
+    seed_lake(lake, {"p1": ["A", "B"]}, {"p1": [True, True]}, cut={"p1-0"})
+    select(lake, ["p1"], cap=4, policy="first", keep_truncated=True)
+    kept = lake.query("SELECT candidate_id FROM selections WHERE kept ORDER BY 1")
+    assert kept["candidate_id"].to_list() == ["p1-0", "p1-1"]
 
 
 @pytest.mark.parametrize("cap", [1, 3])

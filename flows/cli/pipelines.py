@@ -97,6 +97,7 @@ def print_summary(s: dict) -> None:
         f"  passed {s['passed']} ({s['pass_rate']:.1%}); {s['prompts_solved']} prompts "
         f"have a passing candidate\n"
         f"  kept {s['kept']} (dropped {s['duplicates']} duplicates, {s['capped']} over the cap"
+        + (f", {s['truncated_dropped']} passing but cut" if s.get("truncated_dropped") else "")
         + (f", {s['contaminated']} contaminated" if s["contaminated"] else "")
         + (f", {s['too_easy']} from too-easy prompts" if s["too_easy"] else "")
         + ")\n  "
@@ -108,14 +109,33 @@ def print_summary(s: dict) -> None:
 def eval_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="Local model folder.")],
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset of the prompts.")],
-    split: Annotated[Split, typer.Option(help="Held-out prompts by default.")] = Split.eval,
+    split: Annotated[
+        Split,
+        typer.Option(
+            help="Held-out prompts by default; test, the sealed split, only with --final."
+        ),
+    ] = Split.eval,
+    final: Annotated[
+        bool,
+        typer.Option(
+            "--final",
+            help="Open the sealed test split (a milestone: each opening is recorded as a run, "
+            "and the report counts them).",
+        ),
+    ] = False,
     k: Annotated[
         list[int] | None, typer.Option("-k", help="pass@k to report (repeatable; default 1 and 8).")
     ] = None,
     n: Annotated[int, typer.Option(help="Samples per prompt (at least the largest k).")] = 8,
     verifier: Annotated[
         list[str] | None,
-        typer.Option("--verifier", "-v", help="Verifier(s) that decide a pass (default: math)."),
+        typer.Option(
+            "--verifier",
+            "-v",
+            help="Verifier(s) that decide a pass (default: math). Held-out metrics should "
+            "check the reference (math, exact, choice, code, judge); majority, reward, format "
+            "and regex alone draw a warning.",
+        ),
     ] = None,
     temperature: float = 0.7,
     max_tokens: int = 512,
@@ -149,11 +169,16 @@ def eval_cmd(
             engine={"dtype": dtype, "max_model_len": max_model_len},
             verify={"verifiers": verifier or ["math"]},
             executor=executor or "local",
+            final=final,
         )
     except (ValidationError, ValueError) as e:
         fail(str(e), code=2)
     if not Path(model).is_dir():
         fail(f"model folder {model!r} does not exist")
+    try:
+        cfg.verify.with_reference()
+    except ValueError as e:  # measured, but not a truth: say so
+        typer.echo(f"warning: {e}", err=True)
     from thresher.flows.curate import NothingToCurate
     from thresher.flows.evaluate import run_eval
     from thresher.stores.lake import Lake
@@ -162,6 +187,8 @@ def eval_cmd(
         s = run_eval(cfg, Lake(lake).root, progress=progress)
     except NothingToCurate as e:
         fail(str(e))
+    if s.get("test_opening"):
+        typer.echo(f"\nthe test split of {dataset} has now been opened {s['test_opening']} time(s)")
     typer.echo(f"\n{s['prompts']} prompts x {s['samples']} samples (round {s['round']}):")
     for m in s["metrics"]:
         typer.echo(f"  {m['task']:<16} {m['metric']:<8} {m['value']:.4f}")

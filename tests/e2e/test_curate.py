@@ -148,3 +148,37 @@ def test_a_batch_computes_its_candidate_ids_once(curated, monkeypatch):
     assert hinted and sorted(hinted) == sorted(set(hinted))
     n_hinted = lake.query("SELECT count(DISTINCT prompt_id) AS n FROM candidates WHERE hinted")
     assert len(hinted) == n_hinted["n"][0]
+
+
+def test_a_passing_candidate_cut_at_max_tokens_is_not_kept(curated):
+    """Answers cut at max_tokens that the rule passes are dropped as `truncated` (they would
+    train the model to stop mid-thought); with keep_truncated they are kept."""
+    lake, cfg, _, _ = curated
+    short = dict(
+        prompts={"dataset": "arith", "limit": 10},
+        sampling=cfg.sampling.model_copy(update={"k": 2, "max_tokens": 3}),
+        verify={"verifiers": ["format"]},  # no requirement: every candidate passes
+        select={"cap": 4, "near_dup": False, "decontaminate": {"enabled": False}},
+    )
+    cut = CurateConfig(**(cfg.model_dump() | short | {"name": "cut"}))
+    summary = run_curate(cut, lake.root, progress=False)
+    rows = lake.query(
+        """SELECT c.finish_reason, s.kept, s.drop_reason FROM current_selections s
+           JOIN candidates c USING (candidate_id) WHERE s.pipeline = 'cut'"""
+    )
+    assert rows.height == 20 and summary["passed"] == 20
+    truncated = rows.filter(pl.col("finish_reason") == "length")
+    assert truncated.height > 0
+    assert set(truncated["drop_reason"]) == {"truncated"} and not any(truncated["kept"])
+    assert summary["truncated_dropped"] == truncated.height
+    stopped = rows.filter(pl.col("finish_reason") == "stop")
+    assert all(
+        r["kept"] or r["drop_reason"].startswith("duplicate_of:") for r in stopped.to_dicts()
+    )
+
+    keep = CurateConfig(
+        **(cut.model_dump() | {"select": {**short["select"], "keep_truncated": True}})
+    )
+    kept = run_curate(keep, lake.root, progress=False)
+    assert kept["sampled_now"] == 0 and kept["truncated_dropped"] == 0
+    assert kept["kept"] == 20 - kept["duplicates"] > summary["kept"]
