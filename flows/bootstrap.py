@@ -28,6 +28,16 @@ def model_path(lake: Lake, cfg: BootstrapConfig, round_: int) -> str:
     return str(model_dir_for(lake, cfg.name, round_) / "model")
 
 
+def sampling_model_round(pass1: list[float], best_round: int, tolerance: float | None) -> int:
+    """Which model samples the next round: the newest (the last of `pass1`, held-out
+    pass@1 of models 0..r), or the best so far when the newest fell below it by more than
+    `tolerance` (None: never roll back)."""
+    newest = len(pass1) - 1
+    if tolerance is not None and pass1[newest] < pass1[best_round] - tolerance:
+        return best_round
+    return newest
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -75,13 +85,23 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
             # evaluation samples anything
             reward_model_check(lake, cfg.curate_config(0, cfg.base_model))
             rounds: list[dict[str, Any]] = []
+            # what decides every round: held-out metrics under these verifiers only
+            summary["eval_verify"] = cfg.eval_verify().model_dump()
             first = eval_flow(cfg.eval_config(0, cfg.base_model).model_dump(), lake_root, progress)
             best = _pass1(first["metrics"])
+            pass1s, best_round = [best], 0
+            tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
             _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
             history = [{"round": 0, "metrics": first["metrics"]}]
             stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
             for r in range(cfg.max_rounds):
-                model = model_path(lake, cfg, r)
+                source = sampling_model_round(pass1s, best_round, tolerance)
+                if source != r:
+                    _say(
+                        f"round {r}: model {r} regressed (pass@1 {pass1s[r]:.3f}, model "
+                        f"{source}'s {pass1s[source]:.3f}): sampling with model {source}"
+                    )
+                model = model_path(lake, cfg, source)
                 curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
                 _say(
                     f"round {r}: {curated['prompts']} prompts sampled "
@@ -104,6 +124,7 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
                 rounds.append(
                     {
                         "round": r,
+                        "sampled_with": source,
                         "curate": {
                             k: curated.get(k)
                             for k in (
@@ -122,13 +143,25 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
                     }
                 )
                 history.append({"round": r + 1, "metrics": evaluated["metrics"]})
-                best = max(best, pass1)
+                pass1s.append(pass1)
+                if pass1 > best:
+                    best, best_round = pass1, r + 1
                 stale = stale + 1 if gain < cfg.min_gain else 0
                 if stale >= cfg.patience:
                     stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
                     break
             stop_engine()
-            summary.update(run_id=run_id, rounds=rounds, evals=history, stopped=stop)
+            best_model = model_path(lake, cfg, best_round)
+            write_best_pointer(lake, cfg, best_round, best_model)
+            summary.update(
+                run_id=run_id,
+                rounds=rounds,
+                evals=history,
+                stopped=stop,
+                best_round=best_round,
+                best_model=best_model,
+            )
+            _say(f"best model: round {best_round} (pass@1 {best:.3f}), {best_model}")
             _say(f"stopped: {stop}")
             publish_bootstrap(cfg, lake, stop)
     except AuditGateFailed as e:
@@ -137,6 +170,17 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
 
         return Failed(message=str(e), data=e)
     return summary
+
+
+def write_best_pointer(lake: Lake, cfg: BootstrapConfig, best_round: int, model: str) -> None:
+    """<models>/<name>/best.json: which round's model is the best on held-out pass@1."""
+    import json
+
+    from thresher.flows.train import model_dir_for
+
+    folder = model_dir_for(lake, cfg.name, 0).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "best.json").write_text(json.dumps({"round": best_round, "model": model}) + "\n")
 
 
 class AuditGateFailed(ValueError):

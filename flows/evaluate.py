@@ -9,6 +9,7 @@ from prefect import flow
 
 from thresher.config import EvalConfig
 from thresher.flows.identities import eval_run_id, verifier_digests
+from thresher.ids import content_id
 from thresher.stores.lake import Lake
 
 
@@ -38,10 +39,17 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
     cfg = EvalConfig(**config)
     cur = cfg.as_curate()
     lake = Lake(lake_root)
-    run_id = eval_run_id(cfg)
+    run_id, opening = eval_run_id(cfg), None
+    if cfg.final:  # each opening of the sealed test split is a run of its own
+        from thresher.stores.queries import test_openings
+
+        opening = len(test_openings(lake, cfg.prompts.dataset)) + 1
+        run_id = content_id(run_id, "test-opening", opening)
     run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
     with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
-        batches = prompt_batches(lake, cur)
+        if opening is not None:
+            summary["test_opening"] = opening
+        batches = prompt_batches(lake, cur, open_test=cfg.final)
         n_prompts = sum(len(b) for b in batches)
         every: list[str] = []
         verified = 0

@@ -98,6 +98,9 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
                 "model_dir": str(result.model_dir) if result.model_dir else None,
                 "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
                 "resumed_from": result.resumed_from,
+                "best_step": result.best_step,
+                "best_eval_loss": result.best_eval_loss,
+                "stopped_early": result.stopped_early,
                 "base_model": base,
             }
         )

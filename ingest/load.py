@@ -17,7 +17,7 @@ from thresher.stores.schemas import PROMPT_FIELDS
 from thresher.stores.tables import reject_row, write_prompts, write_rejects
 
 FIELDS = PROMPT_FIELDS  # the fields of a prompt row
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval", "test")  # test is sealed: only a final evaluation reads it
 FORMATS = ("jsonl", "json", "csv", "parquet", "dataset")
 
 

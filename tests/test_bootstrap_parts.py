@@ -205,3 +205,21 @@ def test_bootstrap_config_builds_each_step():
         BootstrapConfig(**{**BOOT, "eval": {**BOOT["eval"], "ks": [1, 8]}})
     with pytest.raises(ValueError, match="hard_k"):
         BootstrapConfig(**BOOT, difficulty={"hard_below": 0.2})
+
+
+@pytest.mark.parametrize(
+    "pass1, best_round, tolerance, source",
+    [
+        ([0.2], 0, 0.02, 0),  # model 0 samples round 0
+        ([0.2, 0.3], 1, 0.02, 1),  # improved: the newest samples
+        ([0.2, 0.19], 0, 0.02, 1),  # within tolerance: still the newest
+        ([0.2, 0.1], 0, 0.02, 0),  # regressed: back to the best
+        ([0.2, 0.1, 0.15], 0, 0.02, 0),  # still below the best
+        ([0.2, 0.1, 0.3], 2, 0.02, 2),
+        ([0.2, 0.1], 0, None, 1),  # rollback off
+    ],
+)
+def test_a_regressed_model_hands_sampling_back_to_the_best(pass1, best_round, tolerance, source):
+    from thresher.flows.bootstrap import sampling_model_round
+
+    assert sampling_model_round(pass1, best_round, tolerance) == source

@@ -79,3 +79,46 @@ def test_config_changes_name_each_changed_setting():
     after = CurateConfig(**BASE, select={"cap": 3}, sampling={"k": 6}).model_dump()
     assert config_changes(before, after) == ["sampling.k 8 -> 6", "select.cap 4 -> 3"]
     assert config_changes(before, before) == []
+
+
+def _bootstrap(**over):
+    from thresher.config import BootstrapConfig
+
+    base = dict(
+        name="b",
+        base_model="m",
+        prompts={"dataset": "d"},
+        eval={"prompts": {"dataset": "d", "split": "eval"}},
+    )
+    return BootstrapConfig(**(base | over))
+
+
+def test_held_out_metrics_keep_only_verifiers_with_a_reference():
+    cfg = _bootstrap(verify={"verifiers": ["math", "format"], "rule": "math and format"})
+    held_out = cfg.eval_config(1, "m1").verify
+    assert held_out.verifiers == ["math"] and held_out.rule is None
+    assert cfg.curate_config(1, "m1").verify.verifiers == ["math", "format"]
+    by_task = _bootstrap(
+        verify={"verifiers": ["exact"], "by_task": {"code": ["code", "regex"]}, "rule": None}
+    )
+    assert by_task.eval_verify().by_task == {"code": ["code"]}
+
+
+def test_an_evaluation_without_a_reference_is_refused():
+    with pytest.raises(ValueError, match="rest only on majority"):
+        _bootstrap(verify={"verifiers": ["majority"]})
+    with pytest.raises(ValueError, match=r"reward \(by_task.t\)"):
+        _bootstrap(
+            verify={"verifiers": ["math"], "by_task": {"t": ["reward"]}},
+            eval={
+                "prompts": {"dataset": "d", "split": "eval"},
+                "verify": {"verifiers": ["exact"], "by_task": {"t": ["reward"]}},
+            },
+        )
+    # its own eval verifiers make a reference-free training signal measurable
+    own = _bootstrap(
+        verify={"verifiers": ["majority"]},
+        eval={"prompts": {"dataset": "d", "split": "eval"}, "verify": {"verifiers": ["exact"]}},
+    )
+    assert own.eval_config(0, "m").verify.verifiers == ["exact"]
+    assert own.curate_config(0, "m").verify.verifiers == ["majority"]

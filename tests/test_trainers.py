@@ -233,3 +233,53 @@ def test_train_holds_out_an_eval_split_without_warnings(tiny_model, tmp_path):
     assert result.examples == 20 and result.eval_examples == 2 and result.eval_loss is not None
     assert result.eval_skipped is None and result.fallback_examples == 0
     assert "warning:" not in err
+
+
+def test_early_stopping_stops_before_its_steps_and_keeps_the_best_step(tiny_model, tmp_path):
+    """Random answers to random questions: training memorises them and held-out loss turns
+    up, so the run stops long before its 400 steps, and the model it writes is the best
+    step's, not the last one's."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rng = random.Random(0)
+    words = ["seven", "blue", "river", "nine", "stone", "apple", "cloud", "four"]
+    rows = [
+        chat_row(" ".join(rng.choices(words, k=4)) + "?", " " + " ".join(rng.choices(words, k=5)))
+        for _ in range(40)
+    ]
+    metrics = []
+    settings = TrainSettings(
+        method="full",
+        learning_rate=1e-2,
+        max_steps=400,
+        batch_size=8,
+        max_len=64,
+        eval_fraction=0.25,
+        eval_every=2,
+        save_every=1000,
+        log_every=1000,
+        warmup_ratio=0.0,
+        early_stopping={"patience": 3},
+    )
+    result = train(settings, str(tiny_model), rows, tmp_path, metrics.extend, progress=False)
+    evals = [(m["step"], m["eval_loss"]) for m in metrics if m["eval_loss"] is not None]
+    assert result.stopped_early and result.steps < 400
+    best_step, best_loss = min(evals, key=lambda e: e[1])
+    assert (result.best_step, result.best_eval_loss) == (best_step, best_loss)
+    # it stopped after `patience` evaluations without a better loss
+    assert [s for s, _ in evals][-1] == result.steps == best_step + 3 * 2
+    best = torch.load(tmp_path / "best" / "weights.pt", map_location="cpu")
+    written = AutoModelForCausalLM.from_pretrained(result.model_dir).state_dict()
+    assert all(torch.equal(written[k].float(), v.float()) for k, v in best.items() if k in written)
+    last = torch.load(
+        tmp_path / "checkpoints" / f"step-{result.steps}" / "weights.pt", map_location="cpu"
+    )
+    assert any(not torch.equal(last[k], best[k]) for k in best)
+
+
+def test_early_stopping_needs_an_eval_split():
+    with pytest.raises(ValueError, match="eval_fraction"):
+        TrainSettings(early_stopping={"patience": 2}, eval_fraction=0.0)

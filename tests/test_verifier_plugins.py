@@ -101,6 +101,7 @@ def test_its_traits_default(mypkg):
             "uses_device": False,
             "ranks": False,
             "groups": False,
+            "uses_reference": False,
             "operational": frozenset(),
         }
     )

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 
 class _Strict(BaseModel):
@@ -30,7 +37,9 @@ class PromptsConfig(_Strict):
     """Which prompts to curate."""
 
     dataset: str
-    split: Literal["train", "eval"] = "train"
+    split: Literal["train", "eval", "test"] = Field(
+        "train", description="test is sealed: only a final evaluation reads it"
+    )
     task: str | None = Field(None, description="only prompts of this task")
     limit: int | None = Field(None, ge=1, description="at most this many prompts")
 
@@ -191,6 +200,30 @@ class VerifyConfig(_Strict):
                 raise ValueError(f"rule names verifiers that never run: {sorted(missing)}")
         return self
 
+    def with_reference(self) -> VerifyConfig:
+        """These settings less the verifiers that judge without a reference (format, regex,
+        majority, reward): what may decide held-out metrics. ValueError when a list keeps
+        none, saying which."""
+        from thresher.verifiers import traits
+
+        def kept(names: list[str], where: str) -> list[str]:
+            out = [n for n in names if traits(n)["uses_reference"]]
+            if not out:
+                raise ValueError(
+                    f"held-out evaluation would rest only on {', '.join(names)} ({where}), "
+                    "which judge without a reference: the round would be measured by the "
+                    "signal it trained on. Set eval.verify to a verifier that checks the "
+                    "prompt's reference (math, exact, choice, code or judge)"
+                )
+            return out
+
+        verifiers = kept(self.verifiers, "verifiers")
+        by_task = {t: kept(names, f"by_task.{t}") for t, names in self.by_task.items()}
+        used = set(verifiers) | {n for names in by_task.values() for n in names}
+        options = {n: o for n, o in self.options.items() if n in used}
+        # no rule carried over: a training rule may negate or excuse a reference check
+        return VerifyConfig(verifiers=verifiers, by_task=by_task, options=options)
+
     def for_task(self, task: str) -> list[str]:
         """The verifiers that score candidates of prompts of `task`."""
         return self.by_task.get(task, self.verifiers)
@@ -222,6 +255,12 @@ class SelectConfig(_Strict):
     then at most `cap` candidates per prompt are kept, chosen by `policy`."""
 
     cap: int = Field(4, ge=1, description="most candidates kept per prompt")
+    keep_truncated: bool = Field(
+        False,
+        description="keep passing candidates cut at max_tokens (by default dropped as "
+        "`truncated`: trained with an end-of-sequence token, they teach the model to stop "
+        "mid-thought)",
+    )
     policy: Literal["diverse", "shortest", "top_score", "random", "first"] = Field(
         "diverse", description="which candidates the cap keeps"
     )
@@ -314,7 +353,24 @@ class RationalizeConfig(_Strict):
         return self
 
 
-class CurateConfig(EngineStage):
+SEALED = (
+    "the test split is sealed: curate, train, bootstrap and audits never read it; open it "
+    "with a final evaluation (`thresher eval --split test --final`), which is recorded"
+)
+
+
+class GatedStage(EngineStage):
+    """An engine stage with gates: checks that decide whether it may run at all."""
+
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gates_section(cls, data: Any) -> Any:
+        return gates_moved_out_of_select(data)
+
+
+class CurateConfig(GatedStage):
     """A curate pipeline: sample, verify and select one round."""
 
     model: str = Field(description="a local model folder vLLM can load (or the server's name)")
@@ -326,12 +382,12 @@ class CurateConfig(EngineStage):
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
     rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
-    gates: GatesConfig = Field(default_factory=GatesConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _gates_section(cls, data: Any) -> Any:
-        return gates_moved_out_of_select(data)
+    @model_validator(mode="after")
+    def _test_split_is_sealed(self, info: ValidationInfo) -> CurateConfig:
+        if self.prompts.split == "test" and not (info.context or {}).get("open_test"):
+            raise ValueError(SEALED)
+        return self
 
     @model_validator(mode="after")
     def _lora_needs_local_engine(self) -> CurateConfig:
@@ -406,6 +462,14 @@ class DistributedConfig(_Strict):
     )
 
 
+class EarlyStoppingConfig(_Strict):
+    """Stop training once the held-out loss stops improving (SFT memorises), keeping the
+    weights of the best step."""
+
+    patience: int = Field(3, ge=1, description="evaluations in a row without improvement")
+    min_delta: float = Field(0.0, ge=0, description="an improvement smaller than this is none")
+
+
 class TrainSettings(_Strict):
     """How a model is fine-tuned: SFT, loss on answer tokens only."""
 
@@ -432,9 +496,16 @@ class TrainSettings(_Strict):
     seed: int = 0
     output: Literal["merged", "adapter", "both"] = "merged"
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    early_stopping: EarlyStoppingConfig | None = Field(
+        None,
+        description="stop on eval loss (every eval_every steps; needs eval_fraction > 0) "
+        "and keep the best step's weights",
+    )
 
     @model_validator(mode="after")
     def _every_process_gets_rows(self) -> TrainSettings:
+        if self.early_stopping is not None and self.eval_fraction == 0:
+            raise ValueError("early_stopping watches eval loss: set eval_fraction above 0")
         if self.distributed.processes > self.batch_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) is the global batch: it must be at least "
@@ -467,11 +538,18 @@ class EvalConfig(EngineStage):
     n: int = Field(8, ge=1, description="samples per prompt")
     ks: list[int] = Field(default_factory=lambda: [1, 8], min_length=1)
     verify: VerifyConfig = Field(default_factory=lambda: VerifyConfig(verifiers=["math"]))
+    final: bool = Field(
+        False, description="open the sealed test split (each opening is recorded as a run)"
+    )
 
     @model_validator(mode="after")
     def _ks_fit(self) -> EvalConfig:
         if max(self.ks) > self.n:
             raise ValueError(f"pass@{max(self.ks)} needs n >= {max(self.ks)} samples per prompt")
+        if (self.prompts.split == "test") != self.final:
+            raise ValueError(
+                SEALED if not self.final else "final evaluations are of the test split"
+            )
         return self
 
     def as_curate(self) -> CurateConfig:
@@ -479,14 +557,18 @@ class EvalConfig(EngineStage):
         sampling = self.sampling.model_copy(update={"k": self.n})
         if self.n > 1 and sampling.temperature == 0:
             raise ValueError("n > 1 samples need a temperature above 0")
-        return CurateConfig(
-            **self.runtime() | {"sampling": sampling},
-            name=f"eval:{self.name}",
-            model=self.model,
-            lora=self.lora,
-            round=self.round,
-            prompts=self.prompts,
-            verify=self.verify,
+        return CurateConfig.model_validate(
+            self.runtime()
+            | {
+                "sampling": sampling,
+                "name": f"eval:{self.name}",
+                "model": self.model,
+                "lora": self.lora,
+                "round": self.round,
+                "prompts": self.prompts,
+                "verify": self.verify,
+            },
+            context={"open_test": self.final},  # a final evaluation opens the test split
         )
 
 
@@ -505,6 +587,12 @@ class BootstrapEvalConfig(_Strict):
     temperature: float | None = Field(None, ge=0, description="default: sampling.temperature")
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
+    verify: VerifyConfig | None = Field(
+        None,
+        description="verifiers of the held-out metrics (and so of the stop rule, rollback "
+        "and report); default: training's verifiers that check a reference (math, exact, "
+        "choice, code, judge), every one of them passing (training's rule is not used)",
+    )
 
     @model_validator(mode="after")
     def _ks_fit(self) -> BootstrapEvalConfig:
@@ -513,6 +601,18 @@ class BootstrapEvalConfig(_Strict):
         if self.prompts.split != "eval":
             raise ValueError("evaluation prompts must be an eval split (held out from training)")
         return self
+
+
+class RollbackConfig(_Strict):
+    """Sample the next round with the best model so far when the newest one regressed."""
+
+    enabled: bool = True
+    tolerance: float = Field(
+        0.02,
+        ge=0,
+        description="a drop of held-out pass@1 below the best model's by more than this is "
+        "a regression: the next round samples with the best model instead",
+    )
 
 
 class AuditGateConfig(_Strict):
@@ -535,7 +635,7 @@ class AuditGateConfig(_Strict):
     )
 
 
-class BootstrapConfig(EngineStage):
+class BootstrapConfig(GatedStage):
     """Self-bootstrap rounds (STaR / RFT): round r samples the training prompts with
     model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
 
@@ -557,12 +657,20 @@ class BootstrapConfig(EngineStage):
     audit: AuditGateConfig | None = Field(
         None, description="check each round's labelled false-pass rate before training on it"
     )
-    gates: GatesConfig = Field(default_factory=GatesConfig)
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _gates_section(cls, data: Any) -> Any:
-        return gates_moved_out_of_select(data)
+    @model_validator(mode="after")
+    def _held_out_truth(self) -> BootstrapConfig:
+        self.eval_verify()  # refuses an evaluation without a reference before anything runs
+        return self
+
+    def eval_verify(self) -> VerifyConfig:
+        """The verifiers that decide held-out metrics: `eval.verify` as given (each of its
+        lists must hold one that checks a reference), else training's that do."""
+        if self.eval.verify is not None:
+            self.eval.verify.with_reference()  # raises when a list has none
+            return self.eval.verify
+        return self.verify.with_reference()
 
     def curate_config(self, round_: int, model: str) -> CurateConfig:
         """Round `round_`'s curate step, sampling with `model`."""
@@ -614,7 +722,7 @@ class BootstrapConfig(EngineStage):
             prompts=held_out.prompts,
             n=held_out.n,
             ks=held_out.ks,
-            verify=self.verify,
+            verify=self.eval_verify(),
         )
 
 

@@ -55,6 +55,9 @@ class TrainResult:
     eval_examples: int = 0  # held out for eval_loss
     eval_skipped: str | None = None  # why eval_fraction > 0 gave no eval split
     fallback_examples: int = 0  # examples trained on the raw answer text (see trainers.data)
+    best_step: int | None = None  # early stopping: the step whose weights were kept
+    best_eval_loss: float | None = None
+    stopped_early: bool = False  # early stopping ended it before its steps
 
 
 def _log(msg: str) -> None:
@@ -72,6 +75,7 @@ def claim_output(out_dir: str | Path, run_key: str) -> bool:
     stale = marker.exists() and marker.read_text().strip() != run_key
     if stale:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out / "best", ignore_errors=True)
     marker.write_text(run_key + "\n")
     return stale
 
@@ -202,6 +206,8 @@ def train(
 
     pad = tokenizer.pad_token_id
     tokens_done, last_loss, last_eval = 0, None, None
+    watch = settings.early_stopping if eval_set else None
+    best = _read_best(out) if watch and ckpts else {"step": None, "loss": None, "stale": 0}
     start = time.perf_counter()
     # a log file (not a terminal) gets a line every 10 s instead of one per step
     every = 0.1 if sys.stderr.isatty() else 10.0
@@ -214,7 +220,7 @@ def train(
         mininterval=every,
     )
     model.train()
-    while step < total:
+    while step < total and not (watch and best["stale"] >= watch.patience):
         epoch = step // per_epoch
         micro = _batches(len(train_set), settings.batch_size, settings.seed, epoch)
         first = (step % per_epoch) * settings.grad_accum  # micro-batches this epoch already done
@@ -242,6 +248,15 @@ def train(
                 row["eval_loss"] = last_eval = evaluate(
                     dist.unwrap(model), eval_set, pad, settings.batch_size, dist
                 )
+            stop = False
+            if watch is not None and row["eval_loss"] is not None:
+                if best["loss"] is None or row["eval_loss"] < best["loss"] - watch.min_delta:
+                    best = {"step": step, "loss": row["eval_loss"], "stale": 0}
+                    _save_best(out, best, model, settings, dist)
+                else:
+                    best["stale"] += 1
+                    _save_best(out, best, None, settings, dist)
+                stop = best["stale"] >= watch.patience
             logged = step % settings.log_every == 0 or step == total or row["eval_loss"]
             if on_metrics and dist.main and logged:
                 on_metrics([row])
@@ -249,13 +264,20 @@ def train(
                 loss=f"{loss_sum:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
             )
             bar.update(1)
-            if step % settings.save_every == 0 or step == total:
+            if step % settings.save_every == 0 or step == total or stop:
                 _save_checkpoint(out, step, model, opt, sched, settings, dist)
-            if step >= total:
+            if step >= total or stop:
                 break
     bar.close()
+    stopped_early = step < total
+    if stopped_early and dist.main:
+        _log(
+            f"early stopping at step {step}: eval loss has not improved on step "
+            f"{best['step']}'s {best['loss']:.4f} for {best['stale']} evaluations"
+        )
     elapsed = time.perf_counter() - start
-    model_dir, adapter_dir = _export(model, tokenizer, out, settings, base_model, dist)
+    kept = _read_weights(out / "best") if watch and best["step"] not in (None, step) else None
+    model_dir, adapter_dir = _export(model, tokenizer, out, settings, base_model, dist, kept)
     result = TrainResult(
         steps=step,
         final_loss=last_loss,
@@ -270,6 +292,9 @@ def train(
         eval_examples=n_eval,
         eval_skipped=eval_skipped,
         fallback_examples=report.fallback_examples,
+        best_step=best["step"] if watch else None,
+        best_eval_loss=best["loss"] if watch else None,
+        stopped_early=stopped_early,
     )
     if dist.main:
         _write_lineage(out, settings, base_model, result, dist)
@@ -381,6 +406,29 @@ def _write_checkpoint(out: Path, step: int, weights: dict, optim: dict, sched, s
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _save_best(out: Path, best: dict, model, settings: TrainSettings, dist: Dist) -> None:
+    """Record the best eval loss so far (a resumed run goes on counting from it) and, with
+    `model`, its weights (<out>/best/)."""
+    weights = _trainable_state(model, settings, dist) if model is not None else None
+    if dist.main:
+        folder = out / "best"
+        folder.mkdir(exist_ok=True)
+        if weights is not None:
+            import torch
+
+            torch.save(weights, folder / ".weights.pt.tmp")
+            os.replace(folder / ".weights.pt.tmp", folder / "weights.pt")
+        (folder / "best.json").write_text(json.dumps(best))
+    dist.barrier()
+
+
+def _read_best(out: Path) -> dict:
+    path = out / "best" / "best.json"
+    if not path.exists():
+        return {"step": None, "loss": None, "stale": 0}
+    return json.loads(path.read_text())
+
+
 def _read_weights(path: Path) -> dict:
     import torch
 
@@ -415,16 +463,25 @@ def _export_paths(out: Path, settings: TrainSettings) -> tuple[Path | None, Path
 
 
 def _export(
-    model, tokenizer, out: Path, settings: TrainSettings, base_model: str, dist: Dist = ONE
+    model,
+    tokenizer,
+    out: Path,
+    settings: TrainSettings,
+    base_model: str,
+    dist: Dist = ONE,
+    weights: dict | None = None,
 ) -> tuple[Path | None, Path | None]:
-    """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints.
+    """Write the adapter and/or the merged model (what vLLM loads) next to the checkpoints:
+    the model as trained, or with `weights` (an earlier step's, kept by early stopping).
 
     Rank 0 writes; an FSDP-sharded model is first gathered into a fresh copy on its CPU."""
     if dist.fsdp:
-        state = _trainable_state(model, settings, dist)
+        state = weights if weights is not None else _trainable_state(model, settings, dist)
         if dist.main:
             model, _ = load_model(base_model, settings, "cpu")
             _load_weights(state, model, settings)
+    elif weights is not None:
+        _load_weights(weights, dist.unwrap(model), settings)
     if dist.main:
         _write_export(dist.unwrap(model), tokenizer, out, settings)
     dist.barrier()

@@ -112,13 +112,15 @@ def portable_name(name: str) -> str:
 
 
 def traits(name: str) -> dict[str, Any]:
-    """A verifier's version, uses_device, ranks, groups and operational options."""
+    """A verifier's version, uses_device, ranks, groups, uses_reference and operational
+    options."""
     cls = verifier_class(name)
     return {
         "version": cls.version,
         "uses_device": cls.uses_device,
         "ranks": cls.ranks,
         "groups": cls.groups,
+        "uses_reference": cls.uses_reference,
         "operational": frozenset(cls.operational),
     }
 

@@ -27,6 +27,9 @@ class Verifier:
     uses_device: ClassVar[bool] = False  # runs a model on the accelerator: takes the slot
     ranks: ClassVar[bool] = False  # its score ranks candidates (`top_score` selection)
     groups: ClassVar[bool] = False  # scores a prompt's candidates together: gets all of them
+    # judges against the prompt's own reference (answer or tests): a truth the loop being
+    # trained cannot move, so it may decide held-out metrics
+    uses_reference: ClassVar[bool] = False
     # options of how it runs, not what it finds: left out of its verdicts' digest
     operational: ClassVar[frozenset[str]] = frozenset()
 

@@ -121,6 +121,7 @@ class UnitTests(Verifier):
     """
 
     name = "code"
+    uses_reference = True
     operational = frozenset({"workers"})
 
     class Options(Verifier.Options):

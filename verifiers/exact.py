@@ -38,6 +38,7 @@ class ExactMatch(Verifier):
     """The `exact` verifier: extracted final answer == reference answer."""
 
     name = "exact"
+    uses_reference = True
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row of `batch` (columns candidate_id, text, answer)."""

@@ -131,6 +131,7 @@ class Judge(Verifier):
     """
 
     name = "judge"
+    uses_reference = True
     version = 1
     uses_device = True
     ranks = False

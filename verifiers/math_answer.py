@@ -342,6 +342,7 @@ class MathAnswer(Verifier):
     """
 
     name = "math"
+    uses_reference = True
     version = 2  # 2: several different "the answer is" statements are a hedge
 
     class Options(Verifier.Options):

@@ -24,6 +24,7 @@ class Choice(Verifier):
     """
 
     name = "choice"
+    uses_reference = True
     version = 2  # 2: every "the answer is" statement counts, not only the last
 
     def check(self, text: str, reference: str | None) -> Verdict:

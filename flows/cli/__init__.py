@@ -58,6 +58,7 @@ def fail(message: str, code: int = 1) -> None:
 class Split(StrEnum):
     train = "train"
     eval = "eval"
+    test = "test"  # sealed: only `thresher eval --split test --final` reads it
 
 
 class OutputFormat(StrEnum):

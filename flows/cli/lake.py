@@ -59,7 +59,11 @@ def ingest(
         str, typer.Option("--dataset", "-d", help="Dataset name for these prompts.")
     ],
     split: Annotated[
-        Split, typer.Option(help="train prompts feed training; eval prompts are held out.")
+        Split,
+        typer.Option(
+            help="train prompts feed training; eval prompts are held out and decide rounds; "
+            "test prompts are sealed (read only by `thresher eval --split test --final`)."
+        ),
     ] = Split.train,
     map_: Annotated[
         list[str] | None,

@@ -3,6 +3,7 @@ rationalization: hinted samples are flagged and train without their hint."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,46 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     ).rows()
     assert per_round == [(0, 2), (1, 2), (2, 2)]  # each model measured with both configs
 
+    # held-out metrics have verifiers of their own: with eval.verify [exact], training keeps
+    # math and exact, but every round's metric (and so the stop rule) is exact's alone
+    config["eval"]["verify"] = {"verifiers": ["exact"]}
+    path.write_text(yaml.safe_dump(config))
+    own = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert own.returncode == 0, own.stderr[-4000:]
+    assert "starting the vLLM engine" not in own.stderr  # nothing sampled: verdicts exist
+    summary = lake.query(
+        "SELECT summary FROM runs WHERE flow = 'bootstrap' ORDER BY started_at DESC LIMIT 1"
+    )["summary"][0]
+    summary = json.loads(summary)
+    assert summary["eval_verify"]["verifiers"] == ["exact"]
+    newest = lake.query(
+        """SELECT e.round, e.value, e.model FROM evals e JOIN runs r USING (run_id)
+           WHERE e.task = 'all' AND e.metric = 'pass@1'
+             AND json_extract_string(r.config, '$.verify.verifiers') = '["exact"]'
+           ORDER BY e.round"""
+    ).to_dicts()
+    assert [e["round"] for e in newest] == [0, 1, 2]
+    for e in newest:
+        by_hand = lake.query(
+            """SELECT avg(v.passed::INT) AS p FROM candidates c
+               JOIN prompts p USING (prompt_id)
+               JOIN verdicts v ON v.candidate_id = c.candidate_id AND v.verifier = 'exact'
+               WHERE p.split = 'eval' AND c.round = ? AND c.model = ?""",
+            [e["round"], e["model"]],
+        )["p"][0]
+        assert abs(e["value"] - by_hand) < 1e-9
+    stopped_on = {h["round"]: h for h in summary["evals"]}
+    for e in newest:
+        pass1 = [m for m in stopped_on[e["round"]]["metrics"] if m["task"] == "all"]
+        assert any(abs(m["value"] - e["value"]) < 1e-9 for m in pass1 if m["metric"] == "pass@1")
+
+    # an evaluation that would rest only on verifiers without a reference is refused
+    config["eval"]["verify"] = {"verifiers": ["majority"]}
+    path.write_text(yaml.safe_dump(config))
+    refused = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert refused.returncode == 2
+    assert "judge without a reference" in refused.stderr + refused.stdout
+
 
 def test_rationalized_samples_are_flagged_and_train_without_the_hint(tiny_model, tmp_path):
     from transformers import AutoTokenizer
@@ -197,3 +238,71 @@ def test_rationalized_samples_are_flagged_and_train_without_the_hint(tiny_model,
         prompt_ids, _ = encode(row, tokenizer)
         trained_prompt = tokenizer.decode(prompt_ids)
         assert question in trained_prompt and "Hint" not in trained_prompt
+
+
+def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
+    """Round 0 trains on the answers math fails (rule `not math`): model 1 regresses on the
+    held-out truth (math), so round 1 samples with model 0, and model 0 stays the best."""
+    lake = _lake(tmp_path)
+    config = {
+        "name": "planted",
+        "base_model": str(tiny_model),
+        "batch_size": 24,
+        "max_rounds": 2,
+        "min_gain": -1.0,
+        "prompts": {"dataset": "arith", "split": "train", "limit": 24},
+        "sampling": {"k": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 16},
+        "engine": {"dtype": "float32", "max_model_len": 256},
+        "verify": {"verifiers": ["math"], "rule": "not math"},  # wrong answers only
+        "select": {"cap": 4, "near_dup": False},
+        "train": {
+            "method": "full",
+            "learning_rate": 0.01,
+            "max_steps": 40,
+            "batch_size": 8,
+            "max_len": 64,
+            "eval_fraction": 0.0,
+            "save_every": 100,
+        },
+        "eval": {
+            "prompts": {"dataset": "arith", "split": "eval", "limit": 24},
+            "n": 4,
+            "ks": [1],
+            "verify": {"verifiers": ["math"]},
+        },
+        "rollback": {"tolerance": 0.02},
+    }
+    path = tmp_path / "planted.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(
+        lake.query("SELECT summary FROM runs WHERE flow = 'bootstrap' AND status = 'completed'")[
+            "summary"
+        ][0]
+    )
+    pass1 = [
+        next(m["value"] for m in h["metrics"] if m["task"] == "all" and m["metric"] == "pass@1")
+        for h in summary["evals"]
+    ]
+    assert pass1[1] < pass1[0] - 0.02, pass1  # the planted round regressed
+    assert [r["sampled_with"] for r in summary["rounds"]] == [0, 0]
+    assert "regressed" in done.stderr and "sampling with model 0" in done.stderr
+    # round 1's candidates came from model 0 (the base model), not from model 1
+    models = lake.query(
+        f"SELECT DISTINCT model FROM candidates WHERE round = 1 AND run_id IN ({CURATED})"
+    )["model"].to_list()
+    assert models == [str(tiny_model)]
+    best = 0 if pass1[0] >= pass1[2] else 2
+    assert summary["best_round"] == best
+    pointer = json.loads((lake.root / "models" / "planted" / "best.json").read_text())
+    assert pointer["round"] == best
+    report = subprocess.run(
+        [sys.executable, "-m", "thresher.flows.cli", "report", "--name", "planted"]
+        + ["--lake", str(lake.root)],
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = (lake.root / "report" / "index.html").read_text()
+    assert "Round 1 sampled with model 0" in page and f"round {best}</b>" in page

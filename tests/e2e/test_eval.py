@@ -66,3 +66,65 @@ def test_eval_writes_pass_at_k_and_resumes(tiny_model, tmp_path):
     second = subprocess.run(cmd, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
     assert lake.count("candidates") == 24 * 4 and lake.count("evals") == 4
+
+
+def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp_path):
+    """Ingested as `test`, the split is read by nothing but `thresher eval --split test
+    --final`; each opening is a run, counted in the report, apart from the rounds."""
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import prompt_rows
+    from thresher.stores.queries import SealedSplit, load_prompts
+
+    lake = Lake(tmp_path / "lake")
+    for split, name in (("eval", "train.jsonl"), ("test", "eval.jsonl")):
+        report = ingest(
+            lake,
+            EXAMPLES / name,
+            dataset="arith",
+            split=split,
+            mapping={"prompt": "question"},
+            task="arithmetic",
+        )
+        assert report.ingested > 0, report
+    base = [sys.executable, "-m", "thresher.flows.cli", "eval", "--model", str(tiny_model)]
+    base += ["--dataset", "arith", "--split", "test", "-k", "1", "--n", "2", "--limit", "8"]
+    base += ["--max-tokens", "16", "--dtype", "float32", "--lake", str(lake.root)]
+    base += ["--no-progress"]
+    refused = subprocess.run(base, capture_output=True, text=True)
+    assert refused.returncode == 2 and "sealed" in refused.stderr + refused.stdout
+    assert lake.count("candidates") == 0
+
+    # a curate config, and any stage reading prompts without opening it, is refused
+    try:
+        CurateConfig(name="c", model="m", prompts={"dataset": "arith", "split": "test"})
+        raise AssertionError("a curate config read the test split")
+    except ValueError as e:
+        assert "sealed" in str(e)
+    try:
+        load_prompts(lake, "arith", "test")
+        raise AssertionError("the test split was read without opening it")
+    except SealedSplit:
+        pass
+    cur = CurateConfig(name="c", model="m", prompts={"dataset": "arith", "split": "eval"})
+    assert len(prompt_rows(lake, cur)) > 0
+
+    for opening in (1, 2):
+        final = subprocess.run([*base, "--final"], capture_output=True, text=True)
+        assert final.returncode == 0, final.stderr[-3000:]
+        assert f"opened {opening} time(s)" in final.stdout
+    runs = lake.query(
+        "SELECT DISTINCT run_id FROM runs WHERE flow = 'evaluate' AND status = 'completed'"
+    )
+    assert runs.height == 2  # one run per opening
+    assert lake.count("candidates") == 8 * 2  # the second opening sampled nothing new
+    splits = lake.query("SELECT DISTINCT split FROM evals")["split"].to_list()
+    assert splits == ["test"]
+
+    report = subprocess.run(
+        [sys.executable, "-m", "thresher.flows.cli", "report", "--lake", str(lake.root)],
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = (lake.root / "report" / "index.html").read_text()
+    assert "Sealed test split" in page and "Opened 2 times" in page
