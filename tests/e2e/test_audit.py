@@ -52,6 +52,7 @@ def gated_config(tiny_model) -> dict:
             "prompts": {"dataset": "arith", "split": "eval", "limit": 4},
             "n": 1,
             "ks": [1],
+            "verify": {"verifiers": ["math"]},  # held-out truth: format has no reference
         },  # fmt: skip
         "audit": {"max_false_pass": 0.05, "min_labels": 10, "sheet_size": 30},
     }
