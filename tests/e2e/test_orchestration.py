@@ -26,7 +26,7 @@ HOLDER = textwrap.dedent(
     sys.stdin.readline()  # both ask for the slot once the test says go
     with gpu_slot("test"):
         began = time.time()
-        time.sleep(2.0)
+        time.sleep(4.0)
         ended = time.time()
     print(json.dumps([began, ended]), flush=True)
     """
@@ -34,10 +34,12 @@ HOLDER = textwrap.dedent(
 
 
 def _hold_twice(env: dict[str, str]) -> list[list[float]]:
-    """Two processes each hold a device slot for 2 s, asking at the same moment.
+    """Two processes each hold a device slot for 4 s, asking at the same moment.
 
     Each imports Prefect and reaches the server first, then waits for the go, so a slow
-    interpreter start on a busy machine does not stagger the two requests."""
+    interpreter start on a busy machine does not stagger the two requests. The hold is
+    longer than gpu_slot's 2 s first try, so a request the loaded server answers late
+    still falls inside the other's hold when two slots allow it."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", HOLDER],
