@@ -57,17 +57,22 @@ def _metric_key(metric: str) -> tuple[str, int, str]:
     return (prefix, int(k) if k.isdigit() else 1 << 62, metric)
 
 
+def _overall_evals(split: str, name: str | None, alias: str = "") -> tuple[str, list]:
+    """A WHERE clause (and its parameters) for the overall (`task = 'all'`) eval rows of one
+    split, of pipeline `name`'s evaluate runs when given; `alias` prefixes the columns."""
+    where = f"{alias}split = '{split}' AND {alias}task = 'all'"
+    if name is None:
+        return where, []
+    return where + f" AND {alias}run_id IN ({_runs_named('evaluate')})", [name]
+
+
 def eval_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Held-out overall pass@k: one row per round, a column per metric (pass@1, pass@8, ...).
 
     Only `split = 'eval'`, `task = 'all'` rows count; of several rows for one (round,
     metric) the latest (by created_at) wins.
     """
-    where = "split = 'eval' AND task = 'all'"
-    params: list = []
-    if name is not None:
-        where += f" AND run_id IN ({_runs_named('evaluate')})"
-        params.append(name)
+    where, params = _overall_evals("eval", name)
     long = lake.query(
         f"""SELECT round, metric, value FROM evals WHERE {where}
             QUALIFY row_number() OVER (
@@ -85,11 +90,7 @@ def eval_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
 def test_results(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Every opening of the sealed test split, oldest first: opening, when, model, round and
     its overall pass@k (a column per metric)."""
-    where = "e.split = 'test' AND e.task = 'all'"
-    params: list = []
-    if name is not None:
-        where += f" AND e.run_id IN ({_runs_named('evaluate')})"
-        params.append(name)
+    where, params = _overall_evals("test", name, "e.")
     long = lake.query(
         f"""SELECT e.run_id, min(r.started_at) AS opened_at, any_value(e.model) AS model,
                    any_value(e.round) AS round, e.metric, any_value(e.value) AS value

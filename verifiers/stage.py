@@ -70,7 +70,7 @@ def verify_batch(
             continue
         if traits(name)["uses_device"]:
             # a model on the accelerator: scored here, one stage at a time
-            with (device_slot or _no_slot)(name):
+            with device_slot(name) if device_slot else nullcontext():
                 verdicts = get_verifier(name, settings.options.get(name)).run(todo)
         elif groups:  # here, whole prompts at once (the Ray runner splits rows into chunks)
             verdicts = get_verifier(name, settings.options.get(name)).run(todo)
@@ -81,7 +81,3 @@ def verify_batch(
             verdicts = verdicts.filter(pl.col("candidate_id").is_in(missing))
         written += write_verdicts(lake, verdicts, digests[name], run_id)
     return written
-
-
-def _no_slot(name: str) -> AbstractContextManager:
-    return nullcontext()
