@@ -24,6 +24,7 @@ from thresher.stores.lake import Lake
 
 # The plots a report may write, in page order.
 PLOTS = ("passk.png", "funnel.png", "pass_rates.png", "tokens.png", "verifier_quality.png")
+PLOTS += ("monitors.png",)
 
 # Funnel stages drawn as bars; the rare drops only when some round has them.
 FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
@@ -79,6 +80,7 @@ def write_report(
         )
     else:
         _plot_quality(quality, out / "verifier_quality.png")
+    _draw_monitors(lake, name, out, plots)
     for file, note in plots.items():
         if note:  # a skipped plot: no stale picture from an earlier report
             (out / file).unlink(missing_ok=True)
@@ -238,6 +240,104 @@ def _plot_quality(quality: pl.DataFrame, path: Path) -> None:
     fig.savefig(path)
 
 
+# -- monitors -------------------------------------------------------------------------
+
+# The monitors' columns, as two tables: diversity and signal; lengths and hints.
+MONITOR_TABLES = (
+    ("prompts", "candidates", "distinct_answers", "similarity", "top_opening_share",
+     "top_closing_share", "mixed_share", "headroom", "headroom_metric"),
+    ("all_p50", "all_p90", "kept_p50", "kept_p90", "kept_length_ratio", "hinted_share"),
+)  # fmt: skip
+
+
+def _draw_monitors(lake: Lake, name: str | None, out: Path, plots: dict[str, str]) -> None:
+    """monitors.png, or the note saying why there is none."""
+    from thresher.evaluators.report import monitors_by_round
+
+    monitors = monitors_by_round(lake, name)
+    if monitors.is_empty():
+        plots["monitors.png"] = (
+            "No round monitors: every curate run records them (thresher curate, bootstrap)."
+        )
+    else:
+        plots["monitors.png"] = ""
+        _plot_monitors(monitors, out / "monitors.png")
+
+
+def _plot_monitors(monitors: pl.DataFrame, path: Path) -> None:
+    fig = _figure(11.0, 4.0)
+    answers, lengths = fig.subplots(1, 2)
+    shares = answers.twinx()
+    several = monitors["pipeline"].n_unique() > 1
+    for (pipeline,), rows in monitors.group_by("pipeline", maintain_order=True):
+        tag = f" ({pipeline})" if several else ""
+        rounds = rows["round"].to_list()
+        answers.plot(rounds, rows["distinct_answers"].to_list(), "o-", color="tab:blue",
+                     label=f"distinct answers{tag}")  # fmt: skip
+        for column, style, color in (
+            ("similarity", "s--", "tab:orange"),
+            ("top_opening_share", "^:", "tab:purple"),
+            ("top_closing_share", "v:", "tab:brown"),
+            ("mixed_share", "d-.", "tab:gray"),
+        ):
+            shares.plot(rounds, rows[column].to_list(), style, color=color, label=f"{column}{tag}")
+        for column, style, color in (
+            ("all_p50", "o-", "tab:blue"),
+            ("all_p90", "o--", "tab:blue"),
+            ("kept_p50", "s-", "tab:green"),
+            ("kept_p90", "s--", "tab:green"),
+        ):
+            lengths.plot(rounds, rows[column].to_list(), style, color=color, label=f"{column}{tag}")
+        _round_axis(lengths, rounds)
+        _round_axis(answers, rounds)
+    answers.set_ylabel("distinct final answers per prompt")
+    answers.set_ylim(bottom=0)
+    shares.set_ylim(0, 1)
+    shares.set_ylabel("similarity / share of prompts")
+    answers.set_title("Answer diversity and repeated templates", fontsize="medium")
+    handles = [h for ax in (answers, shares) for h in ax.get_legend_handles_labels()[0]]
+    answers.legend(handles=handles, fontsize="x-small", loc="lower left")
+    lengths.set_ylabel("tokens per candidate")
+    lengths.set_ylim(bottom=0)
+    lengths.set_title("Length: all candidates against the kept ones", fontsize="medium")
+    lengths.legend(fontsize="x-small")
+    fig.savefig(path)
+
+
+def _monitors_section(lake: Lake, name: str | None) -> list[str]:
+    """The monitors per round, and each round's most repeated opening and closing."""
+    from thresher.evaluators.report import monitors_by_round
+
+    monitors = monitors_by_round(lake, name)
+    parts = [
+        "<h2>Monitors</h2>",
+        "<p>Per curated round, on its current selection (view <code>round_monitors</code>): "
+        "distinct final answers per prompt and the mean pairwise MinHash similarity among a "
+        "prompt's candidates (unhinted ones; falling answers and rising similarity are "
+        "collapse), the share of prompts with a candidate opening or closing with the most "
+        "repeated sentence (a template), tokens per candidate of all and of the kept ones "
+        "(p50, p90; kept_length_ratio = kept p50 / all p50), the hinted share of the kept, "
+        "held-out pass@k - pass@1 of the model that sampled the round (headroom), and the "
+        "share of prompts solved sometimes but not always (mixed). A bootstrap's "
+        "<code>monitors:</code> thresholds stop a round before training on it.</p>",
+    ]
+    if monitors.is_empty():
+        return [*parts, '<p class="note">No round monitors recorded yet.</p>']
+    keys = ["round"] if name is not None else ["pipeline", "round"]
+    for columns in MONITOR_TABLES:  # two tables, each narrow enough for a window
+        parts.append(_html_table(monitors.select(*keys, *columns)))
+    for row in monitors.iter_rows(named=True):
+        which = f"Round {row['round']}" + (f" of {row['pipeline']}" if name is None else "")
+        said = [
+            f"{what} “{html.escape(row[column])}” ({row[column + '_share']:.0%} of prompts)"
+            for what, column in (("opening", "top_opening"), ("closing", "top_closing"))
+            if row[column] is not None
+        ]
+        if said:
+            parts.append(f"<p>{html.escape(which)}: most repeated {'; '.join(said)}.</p>")
+    return parts
+
+
 def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[str]:
     """The verifier-quality tables: labelled rates per round and verifier, disagreement
     between verifiers, and how often the majority's pseudo-label was right."""
@@ -290,6 +390,55 @@ def _best_lines(lake: Lake, name: str | None) -> list[str]:
             "had regressed (rollback).</p>"
         )
     return lines
+
+
+def _signal_section(lake: Lake, name: str | None) -> list[str]:
+    """Per round: prompts sampled, skipped as solved, retired, and the share in the band."""
+    from thresher.evaluators.report import signal_by_round
+
+    table = signal_by_round(lake, name)
+    if table.is_empty() or table["in_band"].null_count() == table.height:
+        return []
+    return [
+        "<h2>Prompts with signal</h2>",
+        "<p>in_band: the share of a round's prompts solved sometimes but not always (inside "
+        "<code>difficulty.min_pass_rate</code> and <code>max_pass_rate</code>): the ones a "
+        "round can learn from. retired: prompts no longer sampled after "
+        "<code>difficulty.retire_after</code> rounds without a pass.</p>",
+        _html_table(table),
+    ]
+
+
+def _forgetting_section(lake: Lake, name: str | None) -> list[str]:
+    """Each forgetting check's pass@1 per round beside the base model's (eval.also)."""
+    from thresher.evaluators.report import forgetting_by_round
+
+    table = forgetting_by_round(lake, name) if name is not None else pl.DataFrame()
+    if table.is_empty():
+        return []
+    return [
+        "<h2>Forgetting checks</h2>",
+        "<p>Other held-out sets, evaluated every round beside the main one; drop is the base "
+        "model's pass@1 less this round's (a drop over <code>max_drop</code> stops the "
+        "run).</p>",
+        _html_table(table),
+    ]
+
+
+def _mix_section(lake: Lake, name: str | None) -> list[str]:
+    """Each model's training mix (train.mix), when one was used."""
+    from thresher.evaluators.report import training_mix
+
+    mix = training_mix(lake, name)
+    if mix.is_empty():
+        return []
+    return [
+        "<h2>Training mix</h2>",
+        "<p>The sources each model trained on (<code>train.mix</code>): share is the weight's "
+        "share, row_share the rows' (largest remainder, within one row); repeated counts rows "
+        "used again because the source had too few.</p>",
+        _html_table(mix),
+    ]
 
 
 def _test_section(lake: Lake, name: str | None) -> list[str]:
@@ -351,6 +500,7 @@ PLOT_TITLES = {
     "pass_rates.png": "Per-prompt pass rates",
     "tokens.png": "Tokens per candidate",
     "verifier_quality.png": "Verifier quality per round",
+    "monitors.png": "Monitors per round",
 }
 
 
@@ -380,11 +530,16 @@ def _page(
         "candidates.</p>",
         _html_table(table),
         *_best_lines(lake, name),
+        *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
+        *_signal_section(lake, name),
+        *_forgetting_section(lake, name),
         *_test_section(lake, name),
     ]
     for file, note in plots.items():
+        if file == "monitors.png":
+            parts += _monitors_section(lake, name)
         if file == "verifier_quality.png":
             parts += audits or []
         parts.append(f"<h2>{html.escape(PLOT_TITLES[file])}</h2>")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from thresher.config import FORGETTING
 from thresher.stores.lake import (
     DIFFICULTY_BY_ROUND_SQL,
     PROMPT_DIFFICULTY_SQL,
@@ -61,8 +62,12 @@ def _overall_evals(split: str, name: str | None, alias: str = "") -> tuple[str, 
     """A WHERE clause (and its parameters) for the overall (`task = 'all'`) eval rows of one
     split, of pipeline `name`'s evaluate runs when given; `alias` prefixes the columns."""
     where = f"{alias}split = '{split}' AND {alias}task = 'all'"
-    if name is None:
-        return where, []
+    if name is None:  # every pipeline's, less forgetting checks (not the rounds' metric)
+        forgetting = (
+            "SELECT run_id FROM runs WHERE flow = 'evaluate' AND "
+            f"contains(json_extract_string(config, '$.name'), '{FORGETTING}')"
+        )
+        return where + f" AND {alias}run_id NOT IN ({forgetting})", []
     return where + f" AND {alias}run_id IN ({_runs_named('evaluate')})", [name]
 
 
@@ -176,6 +181,47 @@ def round_table(lake: Lake, name: str | None = None) -> pl.DataFrame:
     return table.select("round", *metrics, *ROUND_TABLE_COUNTS)
 
 
+def forgetting_by_round(lake: Lake, name: str) -> pl.DataFrame:
+    """Pass@1 of every round's model on each forgetting check (eval.also) of bootstrap
+    `name`: check, round, pass@1 and the drop from the base model (round 0)."""
+    long = lake.query(
+        f"""SELECT substr(json_extract_string(r.config, '$.name'), length($name) + 2) AS "check",
+                   e.round, e.value AS "pass@1"
+            FROM evals e JOIN runs r USING (run_id)
+            WHERE e.task = 'all' AND e.metric = 'pass@1' AND r.flow = 'evaluate'
+              AND starts_with(json_extract_string(r.config, '$.name'), $name || '{FORGETTING}')
+            QUALIFY row_number() OVER (
+                PARTITION BY "check", e.round ORDER BY e.created_at DESC, e.run_id DESC) = 1
+            ORDER BY "check", e.round""",
+        {"name": name},
+    )
+    base = long.filter(pl.col("round") == 0).select("check", base=pl.col("pass@1"))
+    return long.join(base, on="check", how="left").select(
+        "check", "round", "pass@1", drop=(pl.col("base") - pl.col("pass@1")).round(4)
+    )
+
+
+def signal_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round, from the latest curate run of it (of pipeline `name`): prompts
+    sampled, retired (difficulty.retire_after) and skipped as solved, and the share of
+    prompts in the signal band."""
+    where = "flow = 'curate' AND status = 'completed'"
+    params: list = []
+    if name is not None:
+        where += " AND json_extract_string(config, '$.name') = ?"
+        params.append(name)
+    return lake.query(
+        f"""SELECT round, json_extract(summary, '$.prompts')::BIGINT AS prompts,
+                   json_extract(summary, '$.skipped_solved')::BIGINT AS skipped_solved,
+                   json_extract(summary, '$.retired')::BIGINT AS retired,
+                   json_extract(summary, '$.band.share')::DOUBLE AS in_band
+            FROM runs WHERE {where}
+            QUALIFY row_number() OVER (PARTITION BY round ORDER BY finished_at DESC) = 1
+            ORDER BY round""",
+        params,
+    )
+
+
 def best_and_rollbacks(lake: Lake, name: str | None = None) -> tuple[int | None, list[tuple]]:
     """The round whose model has the best held-out pass@1 (None: no evals), and, from the
     pipeline's latest bootstrap run, each round that sampled with an earlier model
@@ -210,3 +256,32 @@ def pipeline_names(lake: Lake) -> list[str]:
            WHERE flow IN ('curate', 'evaluate') AND name IS NOT NULL ORDER BY name"""
     )
     return rows["name"].to_list()
+
+
+def training_mix(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per trained model (the latest completed train run of each round, of pipeline `name`)
+    the sources of its training mix (train.mix): weight, share, rows available and used,
+    their share, rows repeated. Empty when no run trained on a mix."""
+    where, params = "status = 'completed'", []
+    if name is not None:
+        where += " AND pipeline = ?"
+        params.append(name)
+    return lake.query(
+        f"""SELECT round AS model, source, weight, share, available, rows, row_share, repeated
+            FROM train_mix WHERE {where} AND run_id IN (
+                SELECT run_id FROM runs WHERE flow = 'train' AND status = 'completed'
+                QUALIFY row_number() OVER (
+                    PARTITION BY json_extract_string(config, '$.name'), round
+                    ORDER BY finished_at DESC) = 1)
+            ORDER BY model, position""",
+        params,
+    )
+
+
+def monitors_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per pipeline and curated round, its monitors (the `round_monitors` view, of pipeline
+    `name` when given)."""
+    where, params = ("WHERE pipeline = ?", [name]) if name is not None else ("", [])
+    return lake.query(
+        f"SELECT * FROM round_monitors {where} ORDER BY pipeline, round", params
+    ).drop("selection_id")

@@ -93,6 +93,9 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
             tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
             _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
             history = [{"round": 0, "metrics": first["metrics"]}]
+            base_also = forgetting_checks(cfg, lake_root, 0, cfg.base_model, None, progress)
+            if base_also:
+                history[0]["also"] = base_also
             stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
             for r in range(cfg.max_rounds):
                 source = sampling_model_round(pass1s, best_round, tolerance)
@@ -105,12 +108,16 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
                 curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
                 _say(
                     f"round {r}: {curated['prompts']} prompts sampled "
-                    f"({curated['skipped_solved']} skipped as solved), "
+                    f"({curated['skipped_solved']} skipped as solved"
+                    + (f", {curated['retired']} retired" if curated.get("retired") else "")
+                    + "), "
                     f"{curated['candidates']} candidates, {curated['passed']} passed, "
                     f"kept {curated['kept']}"
                 )
                 if cfg.audit is not None:
                     audit_gate(lake, cfg, r)
+                if cfg.monitors is not None:
+                    monitors_gate(cfg, r, curated.get("monitors") or {})
                 stop_engine()  # training wants the device, its memory and the cores
                 trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
                 if trained.get("already_trained"):
@@ -134,18 +141,31 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
                                 "kept",
                                 "sampled_now",
                                 "skipped_solved",
+                                "retired",
+                                "band",
                             )
                         },
                         "train": {
                             k: trained.get(k)
-                            for k in ("run_id", "rows", "steps", "final_loss", "model_dir")
+                            for k in ("run_id", "rows", "steps", "final_loss", "model_dir", "mix")
+                            if k in trained
                         },
+                        "monitors": curated.get("monitors"),
                     }
                 )
                 history.append({"round": r + 1, "metrics": evaluated["metrics"]})
                 pass1s.append(pass1)
                 if pass1 > best:
                     best, best_round = pass1, r + 1
+                # kept current every round, so a run a gate stops still points at its best
+                write_best_pointer(lake, cfg, best_round, model_path(lake, cfg, best_round))
+                also = forgetting_checks(
+                    cfg, lake_root, r + 1, trained["model_dir"], base_also, progress
+                )
+                if also:
+                    history[-1]["also"] = also
+                    summary.update(rounds=rounds, evals=history)  # kept if the gate stops
+                    forgetting_gate(cfg, r + 1, also)
                 stale = stale + 1 if gain < cfg.min_gain else 0
                 if stale >= cfg.patience:
                     stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
@@ -164,7 +184,7 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
             _say(f"best model: round {best_round} (pass@1 {best:.3f}), {best_model}")
             _say(f"stopped: {stop}")
             publish_bootstrap(cfg, lake, stop)
-    except AuditGateFailed as e:
+    except GateFailed as e:
         # an expected stop: the run ends Failed with the reason, without a traceback
         from prefect.states import Failed
 
@@ -183,8 +203,97 @@ def write_best_pointer(lake: Lake, cfg: BootstrapConfig, best_round: int, model:
     (folder / "best.json").write_text(json.dumps({"round": best_round, "model": model}) + "\n")
 
 
-class AuditGateFailed(ValueError):
+def read_best_pointer(lake: Lake, name: str) -> dict | None:
+    """best.json of bootstrap `name` ({round, model}), or None when it has none."""
+    import json
+
+    from thresher.flows.train import model_dir_for
+
+    path = model_dir_for(lake, name, 0).parent / "best.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class GateFailed(ValueError):
+    """A gate stopped the run: an expected stop, with its reason and figures."""
+
+
+class AuditGateFailed(GateFailed):
     """A round's labelled false-pass rate is over the configured gate (or unmeasured)."""
+
+
+class ForgettingGateFailed(GateFailed):
+    """A round's model lost more than max_drop of pass@1 on a forgetting check."""
+
+
+def forgetting_checks(
+    cfg: BootstrapConfig,
+    lake_root: str,
+    round_: int,
+    model: str,
+    base: list[dict] | None,
+    progress: bool,
+) -> list[dict]:
+    """Evaluate model `round_` on every forgetting check (eval.also): per check its label,
+    pass@1, the base model's pass@1 (`base`: model 0's results) and the drop."""
+    from thresher.flows.evaluate import eval_flow
+
+    out = []
+    for i, check in enumerate(cfg.eval.also):
+        ran = eval_flow(
+            cfg.forgetting_eval_config(i, round_, model).model_dump(), lake_root, progress
+        )
+        pass1 = _pass1(ran["metrics"])
+        base_pass1 = base[i]["pass@1"] if base else pass1
+        out.append(
+            {
+                "check": check.label(),
+                "pass@1": pass1,
+                "base_pass@1": base_pass1,
+                "drop": round(base_pass1 - pass1, 4),
+                "max_drop": check.max_drop,
+            }
+        )
+        _say(
+            f"model {round_} on {check.label()}: pass@1 {pass1:.3f}"
+            + (f" (base {base_pass1:.3f}, drop {base_pass1 - pass1:+.3f})" if base else "")
+        )
+    return out
+
+
+def forgetting_gate(cfg: BootstrapConfig, round_: int, results: list[dict]) -> None:
+    """Raise ForgettingGateFailed when model `round_` dropped below the base model on a
+    forgetting check by more than its max_drop."""
+    over = [r for r in results if r["max_drop"] is not None and r["drop"] > r["max_drop"] + 1e-9]
+    if over:
+        raise ForgettingGateFailed(
+            f"{cfg.name} stopped at the forgetting check: "
+            + "; ".join(
+                f"model {round_} scores pass@1 {r['pass@1']:.3f} on {r['check']} against "
+                f"the base model's {r['base_pass@1']:.3f}, a drop of {r['drop']:.3f} over "
+                f"max_drop {r['max_drop']}"
+                for r in over
+            )
+        )
+
+
+class MonitorsGateFailed(GateFailed):
+    """A round's monitors broke a threshold of the configured gate (config `monitors`)."""
+
+
+def monitors_gate(cfg: BootstrapConfig, round_: int, monitors: dict[str, Any]) -> None:
+    """Raise MonitorsGateFailed, with one line naming each broken threshold, unless the
+    round's monitors hold the thresholds of config `monitors`."""
+    from thresher.evaluators.monitors import check_monitors
+
+    broken = check_monitors(monitors, cfg.monitors)
+    if broken:
+        raise MonitorsGateFailed(
+            f"round {round_} of {cfg.name} stopped at the monitors gate before training: "
+            + "; ".join(broken)
+            + ". Look at the round (view round_monitors, `thresher report`), relax "
+            "`monitors:` if the threshold is wrong, then run the bootstrap again: finished "
+            "steps are reused"
+        )
 
 
 def audit_gate(lake: Lake, cfg: BootstrapConfig, round_: int) -> None:

@@ -109,6 +109,14 @@ def select_batch(lake_root: str, cfg: CurateConfig, run_id: str, candidate_ids: 
     )
 
 
+@task(name="monitors", cache_policy=NO_CACHE)
+def record_round_monitors(lake_root: str, name: str, round_: int, run_id: str) -> dict[str, Any]:
+    """Measure and record the round's monitors (evaluators.monitors); returns them."""
+    from thresher.evaluators.monitors import record_monitors
+
+    return record_monitors(Lake(lake_root), name, round_, run_id)
+
+
 def prompt_rows(lake: Lake, cfg: CurateConfig, open_test: bool = False) -> list[dict]:
     """The config's prompts (id, prompt, messages, answer), ordered by prompt_id (the test
     split only with `open_test`: a final evaluation)."""
@@ -182,8 +190,8 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
     from tqdm.auto import tqdm
 
     from thresher.flows.gates import reward_model_check
-    from thresher.samplers.stage import run_stats, sampling_plan
-    from thresher.stores.queries import run_summary
+    from thresher.samplers.stage import retired_prompts, run_stats, sampling_plan
+    from thresher.stores.queries import band_share, run_summary
     from thresher.stores.runs import tracked_run
 
     cfg = CurateConfig(**config)
@@ -199,7 +207,8 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
         if rm_check is not None:
             summary["reward_model_check"] = rm_check
         rows = prompt_rows(lake, cfg)
-        ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in rows])
+        retired = retired_prompts(lake, cfg)
+        ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in rows], retired)
         todo = [r for r in rows if ks[r["prompt_id"]] > 0]
         done = dict(sampled=0, verified=0, selected=0)
         sampling_s, batches_done = 0.0, 0
@@ -236,11 +245,17 @@ def curate_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -
             verified_now=done["verified"],
             selected_now=done["selected"],
             verdicts=verdict_count(lake, cfg),
-            skipped_solved=sum(k == 0 for k in ks.values()),
+            skipped_solved=sum(k == 0 and p not in retired for p, k in ks.items()),
+            retired=sum(p in retired for p in ks),
+            band=band_share(
+                lake, selection_id, cfg.difficulty.min_pass_rate, cfg.difficulty.max_pass_rate
+            ),
             changes=changes_since_last_run(lake, cfg, run_id),
         )
         if cfg.difficulty.hard_k:
             summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
+        # distinct answers, similarity, repeated templates, length drift, headroom
+        summary["monitors"] = record_round_monitors(lake_root, cfg.name, cfg.round, run_id)
         compacted = compact_if_due(lake, cfg.compact)
         if compacted:
             summary["compacted"] = compacted
@@ -283,7 +298,8 @@ def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:
     """The run's funnel as a Prefect artifact (Artifacts page, flow run page)."""
     from thresher.flows.artifacts import publish
 
-    keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "passed", "too_easy")
+    keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "retired", "passed")
+    keys += ("too_easy",)
     keys += ("truncated_dropped", "contaminated", "duplicates", "capped", "kept")
     publish(
         f"curate-{cfg.name}-round-{cfg.round}",

@@ -25,9 +25,17 @@ def without_gates(names: set[str]) -> set[str]:
     return names | {"gates"}
 
 
+def _settings(cfg: CurateConfig | BootstrapConfig, exclude: set[str]) -> dict:
+    """The config's fields less `exclude` and the gates, with the difficulty settings that
+    decide what is sampled (those that only report are left out)."""
+    out = cfg.model_dump(exclude=without_gates(exclude))
+    out["difficulty"] = cfg.difficulty.identity()
+    return out
+
+
 def run_id_for(cfg: CurateConfig) -> str:
     """Same pipeline settings, same run: re-running resumes it."""
-    return content_id("curate", cfg.model_dump(exclude=without_gates(OPERATIONAL)))
+    return content_id("curate", _settings(cfg, OPERATIONAL))
 
 
 def selection_id_for(cfg: CurateConfig) -> str:
@@ -41,7 +49,7 @@ def selection_id_for(cfg: CurateConfig) -> str:
         cfg.round,
         cfg.prompts.model_dump(),
         cfg.sampling.model_dump(),
-        cfg.difficulty.model_dump(),
+        cfg.difficulty.identity(),
         cfg.rationalize.model_dump(),
         cfg.select.model_dump(),
         {"verifiers": verify.verifiers, "by_task": verify.by_task, "rule": verify.rule},
@@ -83,10 +91,11 @@ def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
 
 
 def bootstrap_run_id(cfg: BootstrapConfig) -> str:
-    """The stop rules and the audit gate are not part of the run: raising max_rounds
-    continues it, and a round stopped at the gate resumes once it passes."""
-    stops = {"max_rounds", "min_gain", "patience", "audit"}
-    return content_id(
-        "bootstrap",
-        cfg.model_dump(exclude=without_gates(OPERATIONAL | stops)),
-    )
+    """The stop rules and the gates (audit, monitors, forgetting checks) are not part of the
+    run: raising max_rounds continues it, and a round stopped at a gate resumes once it
+    passes."""
+    stops = {"max_rounds", "min_gain", "patience", "audit", "monitors"}
+    settings = _settings(cfg, OPERATIONAL | stops)
+    # forgetting checks measure and may stop; each is an evaluation with its own id
+    settings["eval"].pop("also", None)
+    return content_id("bootstrap", settings)

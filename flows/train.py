@@ -41,6 +41,18 @@ def finished_training(lake: Lake, run_id: str) -> dict[str, Any] | None:
     return summary
 
 
+def ingest_mix_paths(cfg: TrainConfig, lake: Lake) -> dict[str, list[str]]:
+    """Ingest each `path` source of the mix into the lake (preset sft; a re-run adds
+    nothing, bad rows go to `rejects`): path -> the prompt ids its file holds now."""
+    from thresher.ingest.load import ingest
+
+    return {
+        src.path: ingest(lake, src.path, src.dataset_name, preset="sft").prompt_ids
+        for src in cfg.mix or []
+        if src.path is not None
+    }
+
+
 def train_run_name() -> str:
     """e.g. 'train demo model 2'."""
     from prefect.runtime import flow_run
@@ -59,7 +71,18 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
 
     cfg = TrainConfig(**config)
     lake = Lake(lake_root)
-    rows = load_rows(cfg, lake)
+    mix = None
+    if cfg.mix:
+        from thresher.config import DecontamConfig
+        from thresher.selection.stage import eval_index
+        from thresher.trainers.mix import mixed_rows
+
+        # datasets and files skip selection: keep their eval and test items out here
+        index = eval_index(lake, DecontamConfig())
+        match = index.match if index is not None else None
+        rows, mix = mixed_rows(cfg, lake, ingest_mix_paths(cfg, lake), match)
+    else:
+        rows = load_rows(cfg, lake)
     if not rows:
         raise ValueError("no training rows: the round kept nothing (see the funnel view)")
     run_id = train_run_id(cfg, rows)
@@ -76,6 +99,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     with tracked_run(lake, run_id, **run) as summary:
         if claim_output(out, run_id):
             summary["discarded_checkpoints"] = "another run's (other data or settings)"
+        if mix:
+            summary["mix"] = mix  # set first: a failed run records it too
 
         from thresher.flows.slots import gpu_slot
 

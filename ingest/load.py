@@ -40,6 +40,7 @@ class IngestReport:
     rejected: int = 0
     reasons: Counter = field(default_factory=Counter)
     hints: Counter = field(default_factory=Counter)  # e.g. "this looks like GSM8K: ..."
+    prompt_ids: list[str] = field(default_factory=list)  # the valid rows', in source order
 
     @property
     def valid(self) -> int:
@@ -434,12 +435,14 @@ def ingest(
         old = known.get(prompt_id)
         if old is None:
             fresh.append(new)
+            report.prompt_ids.append(prompt_id)
             continue
         reason = _conflict(new, old, f"prompt {prompt_id} already in the lake")
         if reason:
             reject(RawRow(new["line"], _raw_of(new)), reason)
         else:
             report.already_present += 1
+            report.prompt_ids.append(prompt_id)
     report.ingested = write_prompts(lake, fresh)
     write_rejects(lake, rejects)
     return report

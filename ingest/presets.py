@@ -471,6 +471,58 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
+# -- general SFT data (a training mix's `path` source) -------------------------------
+
+
+def _sft_turns(record: Record) -> tuple[list | None, str | None]:
+    """(the prompt's messages, the response) of a `messages` row: the last turn must be
+    the assistant's, and it is the response."""
+    messages = _cell(record, "messages")
+    if messages is None:
+        return None, None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        _reject("wrong type: 'messages' must be a list of {role, content} objects")
+    last = messages[-1]
+    if last.get("role") != "assistant":
+        _reject("missing response: the last message is not the assistant's")
+    if len(messages) < 2:
+        _reject("missing prompt: 'messages' holds only the assistant's answer")
+    return messages[:-1], last.get("content")
+
+
+def sft_response(record: Record) -> str:
+    """The response: `response`, `completion`, or the last (assistant) message."""
+    for column in ("response", "completion"):
+        if record.get(column) is not None:
+            value = record[column]
+            break
+    else:
+        value = _sft_turns(record)[1]
+    if value is None:
+        _reject("missing response: no 'response', 'completion' or final assistant message")
+    if not isinstance(value, str):
+        _reject(f"wrong type: the response must be a string, got {type(value).__name__}")
+    if not value.strip():
+        _reject("empty response")
+    return value
+
+
+PRESETS["sft"] = Preset(
+    "sft",
+    "SFT data",
+    "sft",
+    "'prompt' or 'messages'",
+    "prompt + response (or completion) -> prompt + answer; messages: all but the last "
+    "(assistant) turn -> messages, that turn -> answer",
+    {
+        "prompt": _prompt("prompt"),
+        "messages": lambda record: _sft_turns(record)[0],
+        "answer": sft_response,
+        "meta": lambda record: {},
+    },
+    frozenset({"prompt", "messages", "response", "completion"}),
+)
+
 ALIASES = {
     "gsm_8k": "gsm8k",
     "competition_math": "math",

@@ -40,18 +40,34 @@ def run_stats(cfg: CurateConfig) -> dict:
     return sampler_for(cfg).stats()
 
 
-def sampling_plan(lake: Lake, cfg: CurateConfig, prompt_ids: list[str]) -> dict[str, int]:
-    """prompt_id -> candidates to sample this round (0: skipped as solved), from the pass
-    rates this pipeline measured in its latest earlier round."""
+def sampling_plan(
+    lake: Lake, cfg: CurateConfig, prompt_ids: list[str], retired: set[str] | None = None
+) -> dict[str, int]:
+    """prompt_id -> candidates to sample this round (0: skipped as solved, or retired), from
+    the pass rates this pipeline measured in its latest earlier round."""
     from thresher.samplers.difficulty import plan_k
     from thresher.stores.queries import last_pass_rates
 
     band = cfg.difficulty
+    retired = retired_prompts(lake, cfg) if retired is None else retired
     if cfg.round == 0 or (band.skip_solved_above is None and band.hard_below is None):
-        return dict.fromkeys(prompt_ids, cfg.sampling.k)
-    rates = last_pass_rates(lake, cfg.name, cfg.round)
-    k = cfg.sampling.k
-    return plan_k(prompt_ids, k, rates, band.skip_solved_above, band.hard_below, band.hard_k)
+        plan = dict.fromkeys(prompt_ids, cfg.sampling.k)
+    else:
+        rates = last_pass_rates(lake, cfg.name, cfg.round)
+        k = cfg.sampling.k
+        plan = plan_k(prompt_ids, k, rates, band.skip_solved_above, band.hard_below, band.hard_k)
+    return plan | {p: 0 for p in retired if p in plan}
+
+
+def retired_prompts(lake: Lake, cfg: CurateConfig) -> set[str]:
+    """Prompts this pipeline stops sampling: no passing candidate in `retire_after` rounds
+    in a row (they carry no signal and would be resampled forever)."""
+    from thresher.stores.queries import retired_prompts as streaks
+
+    after = cfg.difficulty.retire_after
+    if after is None or cfg.round < after:
+        return set()
+    return streaks(lake, cfg.name, cfg.round, after)
 
 
 def sample_batch(

@@ -123,3 +123,56 @@ def export_round(
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return len(rows)
+
+
+# -- sources of a training mix (trainers/mix.py) --------------------------------------
+
+REFERENCE_SQL = """
+SELECT prompt_id, prompt, messages, answer, meta FROM prompts
+WHERE dataset = $dataset AND split = 'train'
+  AND ($ids IS NULL OR prompt_id IN (SELECT unnest($ids)))
+ORDER BY prompt_id
+"""
+
+
+def latest_kept_round(lake: Lake, name: str) -> int | None:
+    """The latest round in which pipeline `name` kept a candidate, or None."""
+    row = lake.query(
+        "SELECT max(round) AS r FROM current_selections WHERE kept AND pipeline = $name",
+        {"name": name},
+    )
+    return row["r"][0] if row.height else None
+
+
+def reference_rows(
+    lake: Lake, dataset: str, response: str = "answer", prompt_ids: list[str] | None = None
+) -> tuple[list[dict], int]:
+    """SFT rows of a prompts dataset's train split, each prompt with its reference
+    response (`answer`, or `meta.<key>`), and how many prompts had none. With `prompt_ids`,
+    only those prompts, in that order (a file's rows as it was ingested)."""
+    got = lake.query(REFERENCE_SQL, {"dataset": dataset, "ids": prompt_ids}).to_dicts()
+    if prompt_ids is not None:
+        where = {pid: i for i, pid in enumerate(prompt_ids)}
+        got.sort(key=lambda r: where[r["prompt_id"]])
+    rows, missing = [], 0
+    for r in got:
+        if response == "answer":
+            text = r["answer"]
+        else:
+            text = json.loads(r["meta"] or "{}").get(response.removeprefix("meta."))
+        if not isinstance(text, str) or not text.strip():
+            missing += 1
+            continue
+        prompt = r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"]
+        rows.append(
+            {
+                "messages": [*_messages(r), {"role": "assistant", "content": text}],
+                "prompt": prompt,
+                "completion": text,
+                "prompt_id": r["prompt_id"],
+                "candidate_id": None,
+                "round": None,
+                "hinted": False,
+            }
+        )
+    return rows, missing

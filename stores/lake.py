@@ -72,6 +72,38 @@ PROMPT_DIFFICULTY_SQL = f"""
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         WHERE NOT coalesce(c.hinted, false)
         GROUP BY s.round, s.prompt_id"""
+# Per pipeline and prompt, over the rounds it was sampled in (before round `{before}`):
+# the latest of them and how many of them in a row, up to that one, had no passing
+# unhinted candidate. A prompt that failed `difficulty.retire_after` rounds in a row is
+# retired: later rounds do not sample it.
+FAIL_STREAKS_SQL = f"""
+        WITH per AS (
+            SELECT s.pipeline, s.round, s.prompt_id, bool_or({PASSED_SQL}) AS any_pass
+            FROM current_selections s JOIN candidates c USING (candidate_id)
+            WHERE NOT coalesce(c.hinted, false) AND s.round < {{before}}
+            GROUP BY ALL),
+        last AS (
+            SELECT pipeline, prompt_id, max(round) AS last_round,
+                   coalesce(max(round) FILTER (WHERE any_pass), -1) AS last_pass
+            FROM per GROUP BY ALL)
+        SELECT p.pipeline, p.prompt_id, l.last_round,
+               count(*) FILTER (WHERE p.round > l.last_pass) AS failing_rounds
+        FROM per p JOIN last l USING (pipeline, prompt_id)
+        GROUP BY ALL"""
+# Prompts each pipeline's latest curate run retired (`difficulty.retire_after`).
+RETIRED_PROMPTS_SQL = """
+        WITH cfg AS (
+            SELECT json_extract_string(config, '$.name') AS pipeline,
+                   json_extract(config, '$.difficulty.retire_after')::INT AS retire_after
+            FROM run_updates WHERE flow = 'curate'
+            QUALIFY row_number() OVER (
+                PARTITION BY json_extract_string(config, '$.name')
+                ORDER BY started_at DESC, updated_at DESC) = 1)
+        SELECT f.pipeline, f.prompt_id, f.failing_rounds, f.last_round AS last_sampled_round,
+               c.retire_after
+        FROM fail_streaks f JOIN cfg c USING (pipeline)
+        WHERE c.retire_after IS NOT NULL AND f.failing_rounds >= c.retire_after
+        ORDER BY f.pipeline, f.prompt_id"""
 # over a `prompt_difficulty` source
 DIFFICULTY_BY_ROUND_SQL = """
         SELECT round, count(*) AS prompts,
@@ -172,6 +204,72 @@ FROM sel_verdicts a JOIN sel_verdicts b ON a.candidate_id = b.candidate_id
     AND a.verifier < b.verifier
 GROUP BY ALL ORDER BY a.pipeline, a.round, verifier_a, verifier_b"""
 
+# The `round_monitors` view's columns after pipeline, round and selection_id: (column,
+# the `monitors` metric it comes from, what of that row it shows).
+ROUND_MONITOR_COLUMNS = (
+    ("prompts", "prompts", "count"),
+    ("candidates", "candidates", "count"),
+    ("distinct_answers", "distinct_answers", "value"),
+    ("similarity", "similarity", "value"),
+    ("top_opening", "top_opening_share", "detail"),
+    ("top_opening_share", "top_opening_share", "value"),
+    ("top_closing", "top_closing_share", "detail"),
+    ("top_closing_share", "top_closing_share", "value"),
+    ("all_p50", "all_p50", "value"),
+    ("all_p90", "all_p90", "value"),
+    ("kept_p50", "kept_p50", "value"),
+    ("kept_p90", "kept_p90", "value"),
+    ("kept_length_ratio", "kept_length_ratio", "value"),
+    ("hinted_share", "hinted_share", "value"),
+    ("headroom", "headroom", "value"),
+    ("headroom_metric", "headroom", "detail"),
+    ("mixed_share", "mixed_share", "value"),
+)
+_SHOWN = {"count": "({})::BIGINT", "value": "{}", "detail": "{}"}
+_MONITOR_COLUMNS_SQL = ",\n               ".join(
+    _SHOWN[how].format(
+        f"max({'detail' if how == 'detail' else 'value'}) FILTER (WHERE metric = '{metric}')"
+    )
+    + f" AS {column}"
+    for column, metric, how in ROUND_MONITOR_COLUMNS
+)
+# One row per pipeline and curated round: the monitors of its current selection (of each
+# metric the latest row: a headroom read again from a newer evaluation replaces the older).
+ROUND_MONITORS_SQL = f"""
+        WITH sel AS (
+            SELECT DISTINCT pipeline, round, coalesce(selection_id, run_id) AS selection_id
+            FROM current_selections),
+        latest AS (
+            SELECT m.selection_id, m.round, m.metric, m.value, m.detail
+            FROM monitors m JOIN sel USING (selection_id, round)
+            QUALIFY row_number() OVER (
+                PARTITION BY m.selection_id, m.round, m.metric
+                ORDER BY m.created_at DESC, m.eval_run_id DESC NULLS LAST) = 1)
+        SELECT s.pipeline, s.round, s.selection_id,
+               {_MONITOR_COLUMNS_SQL}
+        FROM sel s JOIN latest l USING (selection_id, round)
+        GROUP BY s.pipeline, s.round, s.selection_id ORDER BY s.pipeline, s.round"""
+
+# Training mixtures: each train run's summary lists its sources (trainers/mix.py).
+TRAIN_MIX_SQL = """
+SELECT run_id, round, pipeline, status, i AS position,
+       json_extract_string(m, '$.source') AS source,
+       json_extract(m, '$.weight')::DOUBLE AS weight,
+       json_extract(m, '$.share')::DOUBLE AS share,
+       json_extract(m, '$.available')::BIGINT AS available,
+       json_extract(m, '$.rows')::BIGINT AS rows,
+       json_extract(m, '$.row_share')::DOUBLE AS row_share,
+       json_extract(m, '$.repeated')::BIGINT AS repeated,
+       json_extract_string(m, '$.on_short') AS on_short,
+       json_extract(m, '$.no_response')::BIGINT AS no_response,
+       json_extract(m, '$.contaminated')::BIGINT AS contaminated
+FROM (SELECT run_id, round, status, started_at,
+             json_extract_string(config, '$.name') AS pipeline,
+             unnest(json_extract(summary, '$.mix[*]')) AS m,
+             generate_subscripts(json_extract(summary, '$.mix[*]'), 1) AS i
+      FROM runs WHERE flow = 'train')
+ORDER BY pipeline, round, started_at, i"""
+
 # Views built on the base tables: the everyday questions, answered in SQL.
 DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
@@ -205,12 +303,22 @@ DERIVED_VIEWS = {
     "prompt_difficulty": PROMPT_DIFFICULTY_SQL.format(selections="current_selections"),
     # All-pass and all-fail prompts carry no signal about pass-rate changes: count them.
     "difficulty_by_round": DIFFICULTY_BY_ROUND_SQL.format(difficulty="prompt_difficulty"),
+    # Per pipeline and prompt: rounds in a row, up to the latest it was sampled in, without
+    # a passing candidate; and the prompts retired for it (difficulty.retire_after).
+    "fail_streaks": FAIL_STREAKS_SQL.format(before="9223372036854775807"),
+    "retired_prompts": RETIRED_PROMPTS_SQL,
     # One row per curated round: how many candidates each stage let through.
     "round_funnel": ROUND_FUNNEL_SQL.format(selections="current_selections"),
     # Labelled audits against verdicts, per pipeline, round and verifier (`rule`: the
     # selection rule); and how often verifiers disagree on the same candidates.
     "verifier_quality": VERIFIER_QUALITY_SQL,
     "verifier_disagreement": VERIFIER_DISAGREEMENT_SQL,
+    # One row per source of each training run's mixture (train.mix, from the run's summary);
+    # round is the runs row's: the model the run trained.
+    "train_mix": TRAIN_MIX_SQL,
+    # Per pipeline and curated round: its monitors (distinct answers, similarity, repeated
+    # openings and closings, kept-versus-all length, hinted share, headroom, mixed share).
+    "round_monitors": ROUND_MONITORS_SQL,
 }
 
 
@@ -257,7 +365,7 @@ class LegacyLake(RuntimeError):
 
 # Tables whose rows are few (prompts are few next to their candidates): an append also
 # skips rows whose key is in the table already. Other tables skip a batch by its id.
-ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals", "labels"})
+ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals", "labels", "monitors"})
 SCHEMA_DIR = "_schemas"
 
 

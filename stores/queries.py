@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from thresher.stores.lake import FUNNEL_COUNTS_SQL, Lake
+from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, Lake
 from thresher.stores.schemas import PASSED_SQL
 
 
@@ -107,6 +107,35 @@ def last_pass_rates(lake: Lake, name: str, before_round: int) -> dict[str, float
         [name, before_round],
     )
     return dict(zip(rows["prompt_id"].to_list(), rows["pass_rate"].to_list(), strict=True))
+
+
+def retired_prompts(lake: Lake, name: str, before_round: int, after: int) -> set[str]:
+    """Prompts pipeline `name` sampled in earlier rounds that had no passing (unhinted)
+    candidate in their latest `after` sampled rounds in a row."""
+    rows = lake.query(
+        f"""SELECT prompt_id FROM ({FAIL_STREAKS_SQL.format(before="$before")})
+            WHERE pipeline = $name AND failing_rounds >= $after""",
+        {"before": before_round, "name": name, "after": after},
+    )
+    return set(rows["prompt_id"].to_list())
+
+
+def band_share(lake: Lake, selection_id: str, low: float, high: float) -> dict:
+    """Of one selection's prompts (unhinted candidates), how many were solved at a rate
+    strictly between `low` and `high`: those that carry signal for training."""
+    row = lake.query(
+        f"""WITH rates AS (
+                SELECT s.prompt_id, avg(({PASSED_SQL})::INT) AS rate
+                FROM selections s JOIN candidates c USING (candidate_id)
+                WHERE coalesce(s.selection_id, s.run_id) = $sid AND NOT coalesce(c.hinted, false)
+                GROUP BY s.prompt_id)
+            SELECT count(*) AS prompts,
+                   count(*) FILTER (WHERE rate > $low AND rate < $high) AS in_band
+            FROM rates""",
+        {"sid": selection_id, "low": low, "high": high},
+    ).row(0, named=True)
+    share = row["in_band"] / row["prompts"] if row["prompts"] else 0.0
+    return {"min_pass_rate": low, "max_pass_rate": high, **row, "share": round(share, 4)}
 
 
 def unsolved_prompts(
@@ -332,3 +361,69 @@ def test_openings(lake: Lake, dataset: str | None = None) -> list[dict]:
            ORDER BY started_at""",
         {"dataset": dataset},
     ).to_dicts()
+
+
+# -- monitors (evaluators.monitors) ---------------------------------------------------
+
+
+# A selection's rows (lakes written before selections had ids used the run id).
+_OF_SELECTION = "(s.selection_id = $sid OR (s.selection_id IS NULL AND s.run_id = $sid))"
+
+
+def current_selection_id(lake: Lake, name: str | None, round_: int) -> str | None:
+    """The id of pipeline `name`'s current selection of round `round_` (None: not curated)."""
+    rows = lake.query(
+        """SELECT DISTINCT coalesce(selection_id, run_id) AS sid FROM current_selections
+           WHERE pipeline IS NOT DISTINCT FROM ? AND round = ?""",
+        [name, round_],
+    )
+    return rows["sid"][0] if rows.height else None
+
+
+def selection_outcomes(lake: Lake, selection_id: str):
+    """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted and
+    n_tokens."""
+    return lake.query(
+        f"""SELECT s.prompt_id, s.kept, ({PASSED_SQL}) AS passed,
+                   coalesce(c.hinted, false) AS hinted, c.n_tokens
+            FROM selections s JOIN candidates c USING (candidate_id)
+            WHERE {_OF_SELECTION}""",
+        {"sid": selection_id},
+    )
+
+
+def selection_texts(lake: Lake, selection_id: str, batch_rows: int = 50_000):
+    """(prompt_id, text) of a selection's unhinted candidates, ordered by prompt, as polars
+    frames of about `batch_rows` rows read in one scan (a prompt may span two frames)."""
+    import polars as pl
+
+    con = lake.connect()
+    try:
+        reader = con.sql(
+            f"""SELECT s.prompt_id, c.text
+                FROM selections s JOIN candidates c USING (candidate_id)
+                WHERE {_OF_SELECTION} AND NOT coalesce(c.hinted, false)
+                ORDER BY s.prompt_id, c.sample_idx""",
+            params={"sid": selection_id},
+        ).to_arrow_reader(batch_rows)
+        for batch in reader:
+            yield pl.from_arrow(batch)
+    finally:
+        con.close()
+
+
+def latest_overall_eval(lake: Lake, name: str | None, round_: int):
+    """run_id, metric, value of the overall held-out metrics (split 'eval', task 'all') of
+    pipeline `name`'s latest evaluation of model `round_` (empty: none)."""
+    return lake.query(
+        """WITH measured AS (
+               SELECT e.run_id, e.metric, e.value, e.created_at
+               FROM evals e JOIN runs r USING (run_id)
+               WHERE e.split = 'eval' AND e.task = 'all' AND e.round = $round
+                 AND r.flow = 'evaluate'
+                 AND json_extract_string(r.config, '$.name') IS NOT DISTINCT FROM $name)
+           SELECT run_id, metric, value FROM measured WHERE run_id = (
+               SELECT run_id FROM measured ORDER BY created_at DESC, run_id DESC LIMIT 1)
+           ORDER BY metric""",
+        {"round": round_, "name": name},
+    )

@@ -140,6 +140,21 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("imported_at", TS),
         ]
     ),
+    # Each curated round's monitors (evaluators.monitors): one row per selection and
+    # metric; the headroom also names the evaluation it was read from.
+    "monitors": pa.schema(
+        [
+            ("selection_id", pa.string()),
+            ("pipeline", pa.string()),
+            ("round", pa.int64()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+            ("detail", pa.string()),  # e.g. the repeated sentence, or "pass@8" of headroom
+            ("eval_run_id", pa.string()),  # headroom: the evaluation read (else NULL)
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
 }
 
 # Columns that identify a row: appending a row whose key is already present adds nothing.
@@ -156,6 +171,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "train_metrics": ("run_id", "step"),
     "evals": ("run_id", "task", "metric"),
     "labels": ("label_id",),
+    "monitors": ("selection_id", "metric", "eval_run_id"),
 }
 
 TABLES = tuple(SCHEMAS)

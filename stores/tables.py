@@ -101,3 +101,10 @@ def write_labels(lake: Lake, rows: list[dict]) -> int:
     """Append human labels of candidates (a label already in the lake adds nothing)."""
     stamp = now()
     return lake.append("labels", [{**r, "imported_at": stamp} for r in rows])
+
+
+def write_monitors(lake: Lake, rows: list[dict], run_id: str | None) -> int:
+    """Append one round's monitors (selection_id, pipeline, round, metric, value, detail,
+    eval_run_id); a monitor already recorded for the same selection adds nothing."""
+    stamp = now()
+    return lake.append("monitors", [{**r, "run_id": run_id, "created_at": stamp} for r in rows])

@@ -65,3 +65,53 @@ def run_two_writers(lake_location: str, batches: int) -> None:
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
+
+
+def kept_pipeline(lake, name: str, rounds: int, per_round: int) -> None:
+    """Pipeline `name`'s kept data without sampling: for each round a completed curate run,
+    `per_round` prompts each with one candidate answer, all kept."""
+    from datetime import UTC, datetime, timedelta
+
+    from thresher.stores.runs import record_run
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for r in range(rounds):
+        sid = f"{name}-sel-{r}"
+        ids = [f"{name}-r{r}-{i}" for i in range(per_round)]
+        lake.append(
+            "prompts",
+            [
+                {"prompt_id": f"p-{c}", "dataset": name, "split": "train", "task": "math",
+                 "prompt": f"{name} question {r}.{i}?", "answer": str(i)}
+                for i, c in enumerate(ids)
+            ],
+        )  # fmt: skip
+        lake.append(
+            "candidates",
+            [
+                {"candidate_id": c, "prompt_id": f"p-{c}", "run_id": sid, "round": r,
+                 "model": "m", "sample_idx": 0, "text": f"answer {i}", "hinted": False}
+                for i, c in enumerate(ids)
+            ],
+        )  # fmt: skip
+        lake.append(
+            "selections",
+            [
+                {"selection_id": sid, "candidate_id": c, "round": r, "prompt_id": f"p-{c}",
+                 "kept": True, "run_id": sid}
+                for c in ids
+            ],
+        )  # fmt: skip
+        record_run(
+            lake,
+            sid,
+            flow="curate",
+            round_=r,
+            model="m",
+            config={"name": name},
+            status="completed",
+            started_at=t0 + timedelta(minutes=r),
+            summary={"kept": per_round},
+            finished=True,
+            selection_id=sid,
+        )

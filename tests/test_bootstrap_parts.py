@@ -223,3 +223,121 @@ def test_a_regressed_model_hands_sampling_back_to_the_best(pass1, best_round, to
     from thresher.flows.bootstrap import sampling_model_round
 
     assert sampling_model_round(pass1, best_round, tolerance) == source
+
+
+def test_prompts_failing_retire_after_rounds_in_a_row_are_not_sampled_again(lake):
+    from thresher.config import CurateConfig
+    from thresher.samplers.stage import retired_prompts, sampling_plan
+    from thresher.stores.queries import retired_prompts as streaks
+
+    # a: fails rounds 0 and 1; b: fails 0, passes 1; c: passes 0, fails 1; d: fails 0, and
+    # its only pass in round 1 is hinted (a hint's pass is no signal of its own)
+    _curated(lake, "star", 0, {"a": [False] * 2, "b": [False] * 2, "c": [True, False],
+                               "d": [False] * 2})  # fmt: skip
+    _curated(lake, "star", 1, {"a": [False] * 2, "b": [False, True], "c": [False] * 2,
+                               "d": [False, True]}, hinted={"d"})  # fmt: skip
+    _curated(lake, "other", 1, {"b": [False] * 2})  # another pipeline's rounds do not count
+    assert streaks(lake, "star", 2, 2) == {"a", "d"}
+    assert streaks(lake, "star", 2, 1) == {"a", "c", "d"}
+    assert streaks(lake, "star", 1, 2) == set()  # only round 0 before round 1
+    assert streaks(lake, "other", 2, 1) == {"b"}
+    cfg = CurateConfig(
+        name="star",
+        model="m",
+        round=2,
+        prompts={"dataset": "d"},
+        sampling={"k": 4},
+        difficulty={"retire_after": 2},
+    )
+    retired = retired_prompts(lake, cfg)
+    assert retired == {"a", "d"}
+    assert sampling_plan(lake, cfg, ["a", "b", "c", "d", "new"], retired) == {
+        "a": 0, "b": 4, "c": 4, "d": 0, "new": 4,
+    }  # fmt: skip
+    # too early to have failed twice in a row; off unless set
+    assert retired_prompts(lake, cfg.model_copy(update={"round": 1})) == set()
+    unset = cfg.model_copy(
+        update={"difficulty": cfg.difficulty.model_copy(update={"retire_after": None})}
+    )
+    assert retired_prompts(lake, unset) == set()
+    # the views: every prompt's streak, and what the pipeline's latest curate run retired
+    rows = lake.query("SELECT prompt_id, failing_rounds FROM fail_streaks WHERE pipeline = 'star'")
+    assert dict(rows.iter_rows()) == {"a": 2, "b": 0, "c": 1, "d": 2}
+    lake.append(
+        "runs",
+        [{"run_id": "star-2", "flow": "curate", "round": 2, "model": "m",
+          "config": json.dumps({"name": "star", "difficulty": {"retire_after": 2}}),
+          "status": "running", "started_at": T0.replace(year=2026), "updated_at": T0}],
+    )  # fmt: skip
+    listed = lake.query("SELECT * FROM retired_prompts WHERE pipeline = 'star'").to_dicts()
+    assert [(r["prompt_id"], r["failing_rounds"], r["retire_after"]) for r in listed] == [
+        ("a", 2, 2),
+        ("d", 2, 2),
+    ]
+
+
+def test_band_share_counts_prompts_solved_sometimes(lake):
+    from thresher.stores.queries import band_share
+
+    outcomes = {"none": [False] * 4, "one": [True, False, False, False],
+                "half": [True, True, False, False], "all": [True] * 4}  # fmt: skip
+    _curated(lake, "star", 0, outcomes)
+    default = band_share(lake, "star-0", 0.0, 1.0)
+    assert (default["prompts"], default["in_band"], default["share"]) == (4, 2, 0.5)
+    narrow = band_share(lake, "star-0", 0.3, 0.9)  # only "half" (0.5); 0.25 is below
+    assert (narrow["in_band"], narrow["share"]) == (1, 0.25)
+
+
+def test_band_and_unset_retire_after_leave_identities_alone():
+    from thresher.flows.identities import bootstrap_run_id, run_id_for, selection_id_for
+
+    cfg = BootstrapConfig(**BOOT)
+    band = BootstrapConfig(**BOOT, difficulty={"min_pass_rate": 0.1, "max_pass_rate": 0.9})
+    checked = BootstrapConfig(
+        **{**BOOT, "eval": {**BOOT["eval"], "also": [{"dataset": "general", "max_drop": 0.05}]}}
+    )
+    retire = BootstrapConfig(**BOOT, difficulty={"retire_after": 2})
+    assert bootstrap_run_id(cfg) == bootstrap_run_id(band) == bootstrap_run_id(checked)
+    assert bootstrap_run_id(retire) != bootstrap_run_id(cfg)
+    cur, cur_band = cfg.curate_config(1, "m"), band.curate_config(1, "m")
+    assert run_id_for(cur) == run_id_for(cur_band)
+    assert selection_id_for(cur) == selection_id_for(cur_band)
+    assert selection_id_for(retire.curate_config(1, "m")) != selection_id_for(cur)
+
+
+def test_forgetting_checks_are_held_out_evaluations_of_their_own():
+    also = {"dataset": "general", "max_drop": 0.05, "verify": {"verifiers": ["exact"]}}
+    cfg = BootstrapConfig(**{**BOOT, "eval": {**BOOT["eval"], "also": [also]}})
+    ev = cfg.forgetting_eval_config(0, 2, "/models/r2")
+    assert (ev.name, ev.round, ev.model) == ("star~general/eval", 2, "/models/r2")
+    assert (ev.prompts.dataset, ev.prompts.split, ev.n, ev.ks) == ("general", "eval", 4, [1, 4])
+    assert ev.verify.verifiers == ["exact"]
+    default = BootstrapConfig(**{**BOOT, "eval": {**BOOT["eval"], "also": [{"dataset": "g"}]}})
+    assert default.forgetting_eval_config(0, 1, "m").verify == default.eval_verify()
+    for bad, match in [
+        ({"dataset": "d", "split": "train"}, "train on"),  # the training prompts
+        ({"dataset": "g", "split": "test"}, "sealed"),
+        ({"dataset": "g", "verify": {"verifiers": ["majority"]}}, "without a reference"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            BootstrapConfig(**{**BOOT, "eval": {**BOOT["eval"], "also": [bad]}})
+    with pytest.raises(ValueError, match="twice"):
+        BootstrapConfig(**{**BOOT, "eval": {**BOOT["eval"], "also": [also, also]}})
+
+
+def test_the_forgetting_gate_stops_on_a_drop_over_max_drop():
+    from thresher.flows.bootstrap import ForgettingGateFailed, GateFailed, forgetting_gate
+
+    cfg = BootstrapConfig(**BOOT)
+    held = [{"check": "g/eval", "pass@1": 0.40, "base_pass@1": 0.45, "drop": 0.05,
+             "max_drop": 0.05}]  # fmt: skip
+    forgetting_gate(cfg, 1, held)  # a drop of exactly max_drop holds
+    forgetting_gate(cfg, 1, [{**held[0], "drop": 0.3, "max_drop": None}])  # measured only
+    lost = [*held, {"check": "h/eval", "pass@1": 0.2, "base_pass@1": 0.5, "drop": 0.3,
+                    "max_drop": 0.1}]  # fmt: skip
+    with pytest.raises(ForgettingGateFailed) as stopped:
+        forgetting_gate(cfg, 2, lost)
+    assert isinstance(stopped.value, GateFailed)
+    line = str(stopped.value)
+    assert "\n" not in line and "h/eval" in line and "g/eval" not in line
+    assert "model 2 scores pass@1 0.200" in line and "0.500" in line and "max_drop 0.1" in line

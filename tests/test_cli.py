@@ -165,3 +165,30 @@ def test_export_command(lake, tmp_path):
         text=True,
     )
     assert none.returncode == 1 and "no kept candidates" in none.stderr
+
+
+def test_export_best_copies_the_model_best_json_points_at(lake, tmp_path):
+    import json
+
+    models = lake.root / "models" / "star"
+    for r in (0, 1, 2):
+        (models / f"round-{r}" / "model").mkdir(parents=True)
+        (models / f"round-{r}" / "model" / "config.json").write_text(json.dumps({"round": r}))
+    (models / "best.json").write_text(
+        json.dumps({"round": 1, "model": str(models / "round-1" / "model")})
+    )
+    base = [sys.executable, "-m", "thresher.flows.cli", "export", "--lake", str(lake.root)]
+    out = tmp_path / "best"
+    res = subprocess.run([*base, "--best", "--name", "star", "--to", str(out)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "round 1" in res.stdout
+    assert json.loads((out / "config.json").read_text()) == {"round": 1}
+    nameless = subprocess.run([*base, "--best", "--to", str(tmp_path / "x")],
+                              capture_output=True, text=True)  # fmt: skip
+    assert nameless.returncode == 2 and "--name" in nameless.stderr
+    unknown = subprocess.run([*base, "--best", "--name", "nobody", "--to", str(tmp_path / "y")],
+                             capture_output=True, text=True)  # fmt: skip
+    assert unknown.returncode == 1 and "no best model" in unknown.stderr
+    neither = subprocess.run([*base, "--to", str(tmp_path / "z")], capture_output=True, text=True)
+    assert neither.returncode == 2 and "--round" in neither.stderr

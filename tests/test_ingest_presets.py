@@ -615,7 +615,9 @@ def test_preset_names_and_aliases(lake, tmp_path):
     }
     for name, preset in names.items():
         assert find_preset(name).name == preset, name
-    assert set(PRESETS) == {"gsm8k", "math", "humaneval", "mbpp", "apps", "codecontests", "taco"}
+    assert set(PRESETS) == {
+        *("gsm8k", "math", "humaneval", "mbpp", "apps", "codecontests", "taco", "sft")
+    }
     with pytest.raises(IngestError, match="unknown preset 'gsm9k'; presets: gsm8k, math"):
         ingest(lake, write_jsonl(tmp_path / "x.jsonl", GSM8K), "x", preset="gsm9k")
 

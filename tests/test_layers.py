@@ -21,7 +21,9 @@ ALLOWED = {
     "verifiers": {"samplers", "stores"},
     "selection": {"stores"},
     "trainers": {"stores"},
-    "evaluators": {"stores"},
+    # round monitors read answers as the rule verifiers extract them (verifiers.extract) and
+    # similarity as selection's near-duplicate removal hashes it (selection.minhash)
+    "evaluators": {"stores", "verifiers", "selection"},
     "stores": set(),
 }
 # shared module -> the work packages it may import (lazily, inside a function): the config

@@ -15,9 +15,11 @@ from thresher.evaluators.page import PLOTS, write_report
 from thresher.evaluators.report import (
     difficulty_by_round,
     eval_by_round,
+    forgetting_by_round,
     funnel_by_round,
     pass_rates_by_round,
     round_table,
+    signal_by_round,
     tokens_by_round,
 )
 from thresher.flows.cli import app
@@ -187,6 +189,11 @@ def rounds_lake(lake):
     _audit(lake, "alpha", 1, set())
     _curate(lake, "beta", 0, {"p0": [FAIL] * 4})
     _eval(lake, "beta", 0, (0.9, 0.95), T0 + timedelta(days=2))
+    from thresher.evaluators.monitors import record_monitors
+
+    for name, rounds in (("alpha", ALPHA), ("beta", [0])):
+        for r in rounds:
+            record_monitors(lake, name, r, None)
     return lake
 
 
@@ -440,3 +447,46 @@ def test_the_page_fits_the_window_in_a_browser(rounds_lake, tmp_path, browser):
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot))
     _assert_png(shot)
+
+
+def test_forgetting_checks_and_the_signal_band_are_reported_apart(lake, tmp_path):
+    for r in range(3):
+        _curate(lake, "alpha", r, ALPHA[r])
+    for r, values in ALPHA_EVALS.items():
+        _eval(lake, "alpha", r, values, T0)
+    # the forgetting check's evaluations are filed as alpha~general/eval
+    drops = {0: 0.5, 1: 0.45, 2: 0.3}
+    for r, value in drops.items():
+        run_id = f"forget-{r}"
+        lake.append("runs", [_run(run_id, "evaluate", r, "alpha~general/eval")])
+        lake.append(
+            "evals",
+            [{"round": r, "model": f"m{r}", "split": "eval", "task": "all", "metric": "pass@1",
+              "value": value, "prompts": 4, "samples": 8, "run_id": run_id,
+              "created_at": T0}],
+        )  # fmt: skip
+    table = forgetting_by_round(lake, "alpha")
+    assert table.to_dicts() == [
+        {"check": "general/eval", "round": r, "pass@1": v, "drop": round(0.5 - v, 4)}
+        for r, v in drops.items()
+    ]
+    # the rounds' own metric never mixes a forgetting check in, named or not
+    want = [v[0] for v in ALPHA_EVALS.values()]
+    assert eval_by_round(lake, "alpha")["pass@1"].to_list() == want
+    assert eval_by_round(lake)["pass@1"].to_list() == want
+    # retired prompts and the band's share come from each round's curate summary
+    summaries = {
+        0: {"retired": 0, "band": {"share": 0.25}},
+        1: {"retired": 2, "band": {"share": 0.5}},
+    }
+    for r, summary in summaries.items():
+        row = _run(f"alpha-curate-{r}", "curate", r, "alpha")
+        later = T0 + timedelta(hours=1)
+        lake.append("runs", [{**row, "summary": json.dumps(summary), "finished_at": later,
+                              "updated_at": later}])  # fmt: skip
+    signal = signal_by_round(lake, "alpha")
+    assert signal["retired"].to_list() == [0, 2, None]
+    assert signal["in_band"].to_list() == [0.25, 0.5, None]
+    page = write_report(lake, tmp_path / "report", "alpha").read_text()
+    assert "<h2>Forgetting checks</h2>" in page and "general/eval" in page
+    assert "<h2>Prompts with signal</h2>" in page

@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 
@@ -324,12 +325,46 @@ class DifficultyConfig(_Strict):
         None, ge=0, le=1, description="prompts last solved at a lower rate than this ..."
     )
     hard_k: int | None = Field(None, ge=1, description="... get this many candidates")
+    retire_after: int | None = Field(
+        None,
+        ge=1,
+        description="stop sampling a prompt that had no passing candidate in this many "
+        "curated rounds in a row (it carries no signal; view retired_prompts lists them)",
+    )
+    min_pass_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="the band of pass rates that carries signal: a prompt solved more often "
+        "than this ...",
+    )
+    max_pass_rate: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="... and less often than this; reported as the share of prompts in the "
+        "band (nothing is dropped for it)",
+    )
 
     @model_validator(mode="after")
     def _hard_pair(self) -> DifficultyConfig:
         if (self.hard_below is None) != (self.hard_k is None):
             raise ValueError("hard_below and hard_k go together")
+        if self.min_pass_rate >= self.max_pass_rate:
+            raise ValueError("min_pass_rate must be below max_pass_rate")
         return self
+
+    def identity(self) -> dict[str, Any]:
+        """What of these settings changes which candidates are sampled: the band only
+        reports, and retire_after counts only when set."""
+        out = self.model_dump(exclude={"min_pass_rate", "max_pass_rate"})
+        if self.retire_after is None:
+            del out["retire_after"]
+        return out
+
+    def in_band(self, rate: float) -> bool:
+        """Whether a prompt solved at `rate` carries signal (strictly inside the band)."""
+        return self.min_pass_rate < rate < self.max_pass_rate
 
 
 class RationalizeConfig(_Strict):
@@ -470,6 +505,104 @@ class EarlyStoppingConfig(_Strict):
     min_delta: float = Field(0.0, ge=0, description="an improvement smaller than this is none")
 
 
+# -- training mixtures (train.mix) --------------------------------------------------
+
+SELF = "self"  # a mix source `pipeline: self`: the rows this config trains on without a mix
+
+
+class MixSource(_Strict):
+    """One source of a training mixture: exactly one of `pipeline`, `dataset` or `path`,
+    and its weight (its share of the mixed rows is weight / the sum of the weights)."""
+
+    pipeline: str | None = Field(
+        None,
+        description="kept data of this curate/bootstrap pipeline; `self`: this config's own "
+        "data (a bootstrap's rounds, a train config's `data`)",
+    )
+    rounds: Literal["all", "latest"] | None = Field(
+        None,
+        description="pipeline sources: every kept round, or only the latest one; default: "
+        "all (for `self`, as all_rounds says)",
+    )
+    dataset: str | None = Field(
+        None, description="a prompts dataset (train split) whose rows carry a reference response"
+    )
+    response: str = Field(
+        "answer",
+        description="dataset sources: where the response is: `answer` or `meta.<key>` "
+        "(e.g. meta.solution of the gsm8k preset)",
+    )
+    path: str | None = Field(
+        None,
+        description="a JSONL file or `datasets` folder with prompt/response, prompt/completion "
+        "or messages rows: ingested into the lake (preset sft), then read as a dataset",
+    )
+    ingest_as: str | None = Field(
+        None, description="path sources: the dataset name it is ingested as (default: its stem)"
+    )
+    weight: float = Field(gt=0, description="relative weight; shares are weight / sum")
+    on_short: Literal["repeat", "refuse"] = Field(
+        "repeat",
+        description="when the source has fewer rows than its share needs: repeat them (a "
+        "seeded shuffle, cycled) or refuse to train",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MixSource:
+        given = [k for k in ("pipeline", "dataset", "path") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a mix source names exactly one of pipeline, dataset or path"
+                + (f" (got {' and '.join(given)})" if given else "")
+            )
+        if self.rounds is not None and self.pipeline is None:
+            raise ValueError("rounds applies to pipeline sources only")
+        if self.ingest_as is not None and self.path is None:
+            raise ValueError("ingest_as applies to path sources only")
+        if self.response != "answer" and self.dataset is None:
+            raise ValueError("response applies to dataset sources only")
+        if self.response != "answer" and not (
+            self.response.startswith("meta.") and len(self.response) > 5
+        ):
+            raise ValueError("response must be `answer` or `meta.<key>`")
+        return self
+
+    @property
+    def is_self(self) -> bool:
+        return self.pipeline == SELF
+
+    @property
+    def dataset_name(self) -> str | None:
+        """The prompts dataset this source reads (a path source's, once ingested)."""
+        if self.path is not None:
+            return self.ingest_as or Path(self.path).name.split(".")[0]
+        return self.dataset
+
+    @property
+    def label(self) -> str:
+        """How the source is named in the run's summary, the train_mix view and the report."""
+        if self.pipeline is not None:
+            return f"pipeline:{self.pipeline}" + (f" ({self.rounds})" if self.rounds else "")
+        if self.dataset is not None:
+            return f"dataset:{self.dataset}" + (
+                f" ({self.response})" if self.response != "answer" else ""
+            )
+        return f"path:{self.path}"
+
+
+def _check_mix(mix: list[MixSource] | None, mix_rows: int | None) -> None:
+    if mix is None:
+        if mix_rows is not None:
+            raise ValueError("mix_rows sizes a mix: set mix too")
+        return
+    if not mix:
+        raise ValueError("mix needs at least one source (or leave it out)")
+    labels = [s.label for s in mix]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ValueError(f"mix names a source twice: {', '.join(twice)}")
+
+
 class TrainSettings(_Strict):
     """How a model is fine-tuned: SFT, loss on answer tokens only."""
 
@@ -502,8 +635,30 @@ class TrainSettings(_Strict):
         "and keep the best step's weights",
     )
 
+    mix: list[MixSource] | None = Field(
+        None,
+        description="train on a weighted mixture of sources instead of `data` alone "
+        "(`pipeline: self` is that data); unset: no mixture",
+    )
+    mix_rows: int | None = Field(
+        None,
+        ge=1,
+        description="rows of the mixture; default: all of `self`'s rows (used once) over its "
+        "share, else as many as no source needs repeating for",
+    )
+
+    @model_serializer(mode="wrap")
+    def _no_mix_no_keys(self, handler):
+        # configs without a mix dump (and so identify their runs) as before mixes existed
+        out = handler(self)
+        if self.mix is None and isinstance(out, dict):
+            out.pop("mix", None)
+            out.pop("mix_rows", None)
+        return out
+
     @model_validator(mode="after")
     def _every_process_gets_rows(self) -> TrainSettings:
+        _check_mix(self.mix, self.mix_rows)
         if self.early_stopping is not None and self.eval_fraction == 0:
             raise ValueError("early_stopping watches eval loss: set eval_fraction above 0")
         if self.distributed.processes > self.batch_size:
@@ -577,6 +732,53 @@ class BootstrapTrainConfig(TrainSettings):
 
     all_rounds: bool = Field(True, description="train on rounds 0..r's kept data (STaR)")
 
+    @model_validator(mode="after")
+    def _mix_keeps_the_rounds(self) -> BootstrapTrainConfig:
+        if self.mix is not None and not any(s.is_self for s in self.mix):
+            raise ValueError(
+                "a bootstrap trains on its rounds' kept data: train.mix needs a "
+                "`pipeline: self` source"
+            )
+        return self
+
+
+class ForgettingCheckConfig(_Strict):
+    """Another held-out set evaluated every round beside the main one: a skill the rounds
+    must not cost (general knowledge, another task), measured against the base model."""
+
+    dataset: str
+    split: Literal["train", "eval", "test"] = Field(
+        "eval", description="a split the bootstrap does not train on (test is sealed)"
+    )
+    task: str | None = Field(None, description="only prompts of this task")
+    limit: int | None = Field(None, ge=1, description="at most this many prompts")
+    verify: VerifyConfig | None = Field(
+        None, description="its verifiers (default: those of the main held-out evaluation)"
+    )
+    max_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="stop the run when a round's model scores pass@1 lower than the base "
+        "model by more than this (unset: measured and reported only)",
+    )
+
+    @model_validator(mode="after")
+    def _not_sealed(self) -> ForgettingCheckConfig:
+        if self.split == "test":
+            raise ValueError(SEALED)
+        return self
+
+    def prompts(self) -> PromptsConfig:
+        """The prompts it evaluates."""
+        return PromptsConfig(
+            dataset=self.dataset, split=self.split, task=self.task, limit=self.limit
+        )
+
+    def label(self) -> str:
+        """e.g. 'general/eval' or 'arith/eval/add': how reports and messages name it."""
+        return "/".join(p for p in (self.dataset, self.split, self.task) if p)
+
 
 class BootstrapEvalConfig(_Strict):
     """Held-out evaluation of every round's model."""
@@ -592,6 +794,11 @@ class BootstrapEvalConfig(_Strict):
         description="verifiers of the held-out metrics (and so of the stop rule, rollback "
         "and report); default: training's verifiers that check a reference (math, exact, "
         "choice, code, judge), every one of them passing (training's rule is not used)",
+    )
+    also: list[ForgettingCheckConfig] = Field(
+        default_factory=list,
+        description="more held-out sets evaluated every round (forgetting checks); a drop "
+        "of pass@1 beyond max_drop against the base model stops the run",
     )
 
     @model_validator(mode="after")
@@ -635,6 +842,42 @@ class AuditGateConfig(_Strict):
     )
 
 
+def _share(description: str) -> Any:
+    return Field(None, ge=0, le=1, description=description)
+
+
+class MonitorsGateConfig(_Strict):
+    """Stop a bootstrap before training on a round whose monitors (view round_monitors)
+    show collapse or a gamed signal; every threshold is optional (unset: not checked)."""
+
+    min_distinct_answers: float | None = Field(
+        None, ge=0, description="least mean number of distinct final answers per prompt"
+    )
+    max_similarity: float | None = _share(
+        "most mean pairwise MinHash similarity among a prompt's candidates"
+    )
+    max_repeated_opening_share: float | None = _share(
+        "most share of prompts having a candidate open with the most repeated sentence"
+    )
+    max_repeated_closing_share: float | None = _share(
+        "most share of prompts having a candidate close with the most repeated sentence"
+    )
+    max_length_drift: float | None = Field(
+        None,
+        ge=0,
+        description="most distance from 1 of kept_length_ratio (median tokens of the kept "
+        "candidates over that of all candidates)",
+    )
+    max_hinted_share: float | None = _share("most share of hinted candidates among the kept")
+    min_headroom: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="least held-out pass@k - pass@1 (largest k) of the round's sampling model",
+    )
+    min_mixed_share: float | None = _share("least share of prompts solved sometimes, not always")
+
+
 class BootstrapConfig(GatedStage):
     """Self-bootstrap rounds (STaR / RFT): round r samples the training prompts with
     model r, verifies, selects and trains model r+1, which is evaluated on held-out prompts."""
@@ -657,11 +900,32 @@ class BootstrapConfig(GatedStage):
     audit: AuditGateConfig | None = Field(
         None, description="check each round's labelled false-pass rate before training on it"
     )
+    monitors: MonitorsGateConfig | None = Field(
+        None, description="check each round's monitors against thresholds before training on it"
+    )
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+
+    @model_validator(mode="after")
+    def _headroom_measured(self) -> BootstrapConfig:
+        if self.monitors and self.monitors.min_headroom is not None and max(self.eval.ks) < 2:
+            raise ValueError("monitors.min_headroom needs a pass@k with k > 1 in eval.ks")
+        return self
 
     @model_validator(mode="after")
     def _held_out_truth(self) -> BootstrapConfig:
         self.eval_verify()  # refuses an evaluation without a reference before anything runs
+        trained = (self.prompts.dataset, self.prompts.split)
+        for check in self.eval.also:
+            if (check.dataset, check.split) == trained:
+                raise ValueError(
+                    f"eval.also {check.label()} is what the rounds train on: a forgetting "
+                    "check needs prompts held out from training"
+                )
+            if check.verify is not None:
+                check.verify.with_reference()
+        labels = [c.label() for c in self.eval.also]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"eval.also names a set twice: {labels}")
         return self
 
     def eval_verify(self) -> VerifyConfig:
@@ -724,6 +988,27 @@ class BootstrapConfig(GatedStage):
             ks=held_out.ks,
             verify=self.eval_verify(),
         )
+
+    def forgetting_eval_config(self, check: int, round_: int, model: str) -> EvalConfig:
+        """Evaluation of model `round_` on forgetting check number `check` (eval.also)."""
+        also = self.eval.also[check]
+        main = self.eval_config(round_, model)
+        return EvalConfig.model_validate(
+            main.model_dump()
+            | {
+                "name": forgetting_name(self.name, also),
+                "prompts": also.prompts().model_dump(),
+                "verify": (also.verify or main.verify).model_dump(),
+            }
+        )
+
+
+def forgetting_name(pipeline: str, check: ForgettingCheckConfig) -> str:
+    """The name a forgetting check's evaluations are filed under (apart from the main one)."""
+    return f"{pipeline}{FORGETTING}{check.label()}"
+
+
+FORGETTING = "~"  # between a pipeline's name and a forgetting check's label
 
 
 class ConfigError(ValueError):

@@ -235,6 +235,12 @@ def train_cmd(
         + (f" (resumed from step {s['resumed_from']})" if s["resumed_from"] else "")
         + f"\n  model: {s['model_dir'] or s['adapter_dir']}"
     )
+    for m in s.get("mix") or []:
+        typer.echo(
+            f"  mix {m['source']}: {m['rows']} rows ({m['row_share']:.2%}; weight share "
+            f"{m['share']:.2%}) of {m['available']}"
+            + (f", {m['repeated']} repeated" if m["repeated"] else "")
+        )
 
 
 @app.command()

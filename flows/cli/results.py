@@ -24,10 +24,17 @@ class ExportFormat(StrEnum):
 
 @app.command()
 def export(
-    round_: Annotated[int, typer.Option("--round", "-r", help="Round to export.")],
+    round_: Annotated[
+        int | None, typer.Option("--round", "-r", help="Round to export (its kept data).")
+    ] = None,
     to: Annotated[
-        Path, typer.Option("--to", help="Folder to write (datasets save_to_disk, plus data.jsonl).")
-    ],
+        Path,
+        typer.Option(
+            "--to",
+            help="Folder to write: the data (datasets save_to_disk, plus data.jsonl), or "
+            "with --best the model.",
+        ),
+    ] = ...,
     fmt: Annotated[
         ExportFormat,
         typer.Option(
@@ -43,22 +50,56 @@ def export(
         str | None,
         typer.Option(help="Only this curate pipeline's data (default: every pipeline's)."),
     ] = None,
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best",
+            help="Export the bootstrap's best model (on the held-out metric) of pipeline "
+            "--name instead of data: a copy of its folder.",
+        ),
+    ] = False,
     lake: LakeOption = None,
 ) -> None:
-    """Export a round's selected data for training (load it with datasets.load_from_disk).
+    """Export a round's selected data for training (load it with datasets.load_from_disk),
+    or with --best the best model of a bootstrap.
 
     A round's data is its current selection: the one the pipeline's latest curate run of
-    that round wrote (earlier selections stay in `selections`)."""
+    that round wrote (earlier selections stay in `selections`). The best model is the one
+    `<lake>/models/<name>/best.json` points at: the round whose model scored the highest
+    held-out pass@1 (a regressed later round is never it)."""
     from thresher.stores.export import ExportError, export_round
     from thresher.stores.lake import Lake
 
     if to.exists() and any(to.iterdir()):
         fail(f"{to} exists and is not empty")
+    if best:
+        _export_best(Lake(lake, create=False), name, to)
+        return
+    if round_ is None:
+        fail("give --round R (a round's kept data) or --best (the best model)", code=2)
     try:
         n = export_round(Lake(lake, create=False), round_, fmt.value, to, all_rounds, name)
     except (ExportError, FileNotFoundError) as e:
         fail(str(e))
     typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")
+
+
+def _export_best(lake, name: str | None, to: Path) -> None:
+    """Copy the best model of bootstrap `name` to `to`."""
+    import shutil
+
+    from thresher.flows.bootstrap import read_best_pointer
+
+    if not name:
+        fail("--best needs --name: the bootstrap pipeline whose best model to export", code=2)
+    pointer = read_best_pointer(lake, name)
+    if pointer is None:
+        fail(f"no best model recorded for {name!r} in {lake.root} (run its bootstrap first)")
+    source = Path(pointer["model"])
+    if not source.is_dir():
+        fail(f"the best model of {name} (round {pointer['round']}) is gone: {source}")
+    shutil.copytree(source, to, dirs_exist_ok=True)
+    typer.echo(f"best model of {name}: round {pointer['round']} ({source}), copied to {to}")
 
 
 @app.command()

@@ -218,3 +218,25 @@ def test_a_bootstrap_with_the_gate_stops_before_training(audited, tiny_model):
     assert lake.query("SELECT count(*) AS n FROM runs WHERE flow = 'train'")["n"][0] == 0
     assert "vLLM engine" not in res.stderr  # evaluated and curated already: nothing sampled
     assert (lake.root / "audits" / "audit-broken-round-0.html").exists()
+
+
+def test_a_bootstrap_stops_at_the_monitors_gate_before_training(audited, tiny_model):
+    """A threshold no round can meet (4 candidates a prompt, 5 distinct answers) stops the
+    round with one line naming the monitor, its value and the threshold."""
+    lake, tmp = audited["lake"], audited["tmp"]
+    config = {**gated_config(tiny_model), "monitors": {"min_distinct_answers": 5}}
+    del config["audit"]
+    path = tmp / "monitored.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "thresher.flows.cli", "bootstrap", "-c", str(path),
+           "--lake", str(lake.root), "--no-progress"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = next(x for x in res.stderr.splitlines() if x.startswith("error: "))
+    distinct = lake.query("SELECT distinct_answers FROM round_monitors WHERE pipeline = 'broken'")
+    assert (
+        f"round 0 of broken stopped at the monitors gate before training: distinct_answers "
+        f"{distinct[0, 0]:.4g} is below min_distinct_answers 5. " in line
+    )
+    assert "Traceback" not in res.stderr and "vLLM engine" not in res.stderr
+    assert lake.query("SELECT count(*) AS n FROM runs WHERE flow = 'train'")["n"][0] == 0

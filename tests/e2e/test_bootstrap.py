@@ -126,6 +126,21 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     assert _count(lake, "SELECT count(DISTINCT run_id) FROM train_metrics") == 2
     assert "round r's pass@k is model r" in first.stdout
 
+    # every round records its monitors: the summary's rounds carry what round_monitors
+    # holds (headroom from model r's evaluation, largest k), and the report shows them
+    from thresher.evaluators.page import write_report
+
+    ran = json.loads(lake.query("SELECT summary FROM runs WHERE flow = 'bootstrap'")[0, 0])
+    monitors = "SELECT * EXCLUDE (pipeline) FROM round_monitors WHERE pipeline = 'e2e'"
+    view = {row.pop("round"): row for row in lake.query(monitors).to_dicts()}
+    assert sorted(view) == [0, 1]
+    for entry in ran["rounds"]:
+        assert entry["monitors"] == view[entry["round"]]
+        assert entry["monitors"]["headroom_metric"] == "pass@4"
+        assert 1 <= entry["monitors"]["distinct_answers"] <= 6
+    page = write_report(lake, tmp_path / "report", name="e2e").read_text()
+    assert "<h2>Monitors</h2>" in page and (tmp_path / "report" / "monitors.png").exists()
+
     # re-running the same command samples, trains and evaluates nothing new
     before = {
         t: lake.count(t) for t in ("candidates", "verdicts", "selections", "train_metrics", "evals")
@@ -306,3 +321,35 @@ def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
     assert report.returncode == 0, report.stderr[-3000:]
     page = (lake.root / "report" / "index.html").read_text()
     assert "Round 1 sampled with model 0" in page and f"round {best}</b>" in page
+    # The same run with a forgetting check on a held-out set of its own: model 1 (trained
+    # on wrong answers) loses pass@1 there against the base model, so the run stops at
+    # round 1 with one line and the figures; finished steps are reused, not redone.
+    ingest(
+        lake,
+        EXAMPLES / "eval.jsonl",
+        dataset="general",
+        split="eval",
+        mapping={"prompt": "question"},
+        task="arithmetic",
+    )
+    trained_before = _count(lake, "SELECT count(*) FROM runs WHERE flow = 'train'")
+    config["eval"]["also"] = [{"dataset": "general", "limit": 24, "max_drop": 0.0}]
+    path.write_text(yaml.safe_dump(config))
+    gated = _thresher("bootstrap", "-c", str(path), "--lake", str(lake.root))
+    assert gated.returncode != 0, gated.stdout[-2000:]
+    line = next(x for x in gated.stderr.splitlines() if "stopped at the forgetting check" in x)
+    assert "model 1 scores pass@1" in line and "general/eval" in line and "max_drop 0.0" in line
+    assert _count(lake, "SELECT count(*) FROM runs WHERE flow = 'train'") == trained_before
+    stopped = lake.query(
+        "SELECT status, summary FROM runs WHERE flow = 'bootstrap' ORDER BY updated_at DESC"
+    ).row(0, named=True)
+    assert stopped["status"] == "failed"
+    also = [h.get("also") for h in json.loads(stopped["summary"])["evals"]]
+    assert also[1][0]["check"] == "general/eval" and also[1][0]["drop"] > 0
+    assert also[1][0]["base_pass@1"] == also[0][0]["pass@1"]
+    # the forgetting evaluations are their own runs, out of the rounds' own metric
+    forgetting = lake.query(
+        "SELECT DISTINCT e.round FROM evals e JOIN runs r USING (run_id) "
+        "WHERE json_extract_string(r.config, '$.name') = 'planted~general/eval' ORDER BY 1"
+    )["round"].to_list()
+    assert forgetting == [0, 1]

@@ -1,0 +1,299 @@
+"""Monitors of each curated round: signs that the rounds collapse or learn to game their
+signal, measured on a pipeline's current selection of the round and its candidates.
+
+- distinct_answers: distinct final answers per prompt (as the rule verifiers extract them;
+  candidates with no final answer share the answer "none"), mean over prompts;
+- similarity: mean pairwise MinHash Jaccard estimate among a prompt's candidates, mean over
+  prompts with two or more;
+- top_opening / top_closing: the opening (closing) sentence most prompts have a candidate
+  starting (ending) with, lower-cased with whitespace collapsed, and that share of prompts;
+- all_p50, all_p90, kept_p50, kept_p90: tokens per candidate, of all and of the kept ones;
+  kept_length_ratio = kept_p50 / all_p50;
+- hinted_share: hinted candidates among the kept ones;
+- headroom: pass@k - pass@1 (largest k) of the round's sampling model on held-out prompts
+  (round r's overall evaluation measures model r), when it was evaluated;
+- mixed_share: prompts solved sometimes but not always (`prompt_difficulty`'s `mixed`).
+
+Answers, similarity, sentences and the mixed share are measured on unhinted candidates
+(what the model samples on its own), lengths on every candidate. `record_monitors`
+writes them to the `monitors` table (view `round_monitors`); `check_monitors` holds them
+against a bootstrap's `monitors:` gate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from thresher.config import MonitorsGateConfig
+from thresher.stores.lake import ROUND_MONITOR_COLUMNS, Lake
+
+NUM_PERM, SHINGLE_SIZE = 128, 5  # selection's near-duplicate defaults
+TEXT_BATCH_ROWS = 50_000  # candidate texts read and measured at once
+NO_ANSWER = "\x00none"  # a candidate without a final answer (no real answer equals it)
+MAX_SENTENCE = 300  # characters of a sentence compared and stored
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+# gate field -> (the monitor it holds, how: at least, at most, or at most this far from 1)
+GATES = {
+    "min_distinct_answers": ("distinct_answers", "min"),
+    "max_similarity": ("similarity", "max"),
+    "max_repeated_opening_share": ("top_opening_share", "max"),
+    "max_repeated_closing_share": ("top_closing_share", "max"),
+    "max_length_drift": ("kept_length_ratio", "drift"),
+    "max_hinted_share": ("hinted_share", "max"),
+    "min_headroom": ("headroom", "min"),
+    "min_mixed_share": ("mixed_share", "min"),
+}
+
+
+def round_monitors(lake: Lake, name: str | None, round_: int) -> dict[str, Any]:
+    """The monitors of pipeline `name`'s current selection of round `round_` (the
+    `round_monitors` view's columns with its selection_id; {} when it curated nothing)."""
+    return _measure(lake, name, round_)[0]
+
+
+def record_monitors(lake: Lake, name: str | None, round_: int, run_id: str | None) -> dict:
+    """Measure the round's monitors and append them to `monitors` (a monitor recorded
+    before for the same selection and evaluation adds nothing); returns them."""
+    from thresher.stores.tables import write_monitors
+
+    monitors, eval_run_id = _measure(lake, name, round_)
+    if monitors:
+        write_monitors(lake, monitor_rows(monitors, name, round_, eval_run_id), run_id)
+    return monitors
+
+
+def monitor_rows(
+    monitors: dict[str, Any], name: str | None, round_: int, eval_run_id: str | None
+) -> list[dict]:
+    """`monitors` rows of one round's measured monitors (those measured only)."""
+    details = {metric: column for column, metric, how in ROUND_MONITOR_COLUMNS if how == "detail"}
+    rows = []
+    for column, metric, how in ROUND_MONITOR_COLUMNS:
+        if how == "detail" or monitors.get(column) is None:
+            continue
+        rows.append(
+            {
+                "selection_id": monitors["selection_id"],
+                "pipeline": name,
+                "round": round_,
+                "metric": metric,
+                "value": float(monitors[column]),
+                "detail": monitors.get(details[metric]) if metric in details else None,
+                "eval_run_id": eval_run_id if metric == "headroom" else None,
+            }
+        )
+    return rows
+
+
+def check_monitors(monitors: dict[str, Any], gate: MonitorsGateConfig) -> list[str]:
+    """The thresholds of `gate` the round's monitors break, one line each (empty: it
+    passes). An unmeasured monitor breaks a minimum (nothing shows it holds) and no maximum
+    (nothing was kept to drift)."""
+    lines = []
+    for field, (monitor, how) in GATES.items():
+        limit = getattr(gate, field)
+        if limit is None:
+            continue
+        value = monitors.get(monitor)
+        if value is None:
+            if how == "min":
+                lines.append(f"{monitor} unmeasured in this round, {field} {limit:g} needs it")
+        elif how == "min" and value < limit:
+            lines.append(f"{monitor} {value:.4g} is below {field} {limit:g}")
+        elif how == "max" and value > limit:
+            lines.append(f"{monitor} {value:.4g} is above {field} {limit:g}")
+        elif how == "drift" and abs(value - 1) > limit:
+            lines.append(
+                f"{monitor} {value:.4g} is {abs(value - 1):.4g} from 1, over {field} {limit:g}"
+            )
+    return lines
+
+
+# -- measuring ------------------------------------------------------------------------
+
+
+def _measure(lake: Lake, name: str | None, round_: int) -> tuple[dict[str, Any], str | None]:
+    """The round's monitors and the evaluation its headroom was read from."""
+    from thresher.stores.queries import current_selection_id, selection_outcomes
+
+    selection_id = current_selection_id(lake, name, round_)
+    if selection_id is None:
+        return {}, None
+    rows = selection_outcomes(lake, selection_id)
+    unhinted = rows.filter(~pl.col("hinted"))
+    per_prompt = _text_monitors(lake, selection_id, unhinted["prompt_id"].n_unique())
+    kept = rows.filter(pl.col("kept"))
+    lengths = {
+        f"{which}_{p}": _percentile(frame["n_tokens"], q)
+        for which, frame in (("all", rows), ("kept", kept))
+        for p, q in (("p50", 50), ("p90", 90))
+    }
+    headroom, headroom_metric, eval_run_id = _headroom(lake, name, round_)
+    measured = {
+        "selection_id": selection_id,
+        "prompts": rows["prompt_id"].n_unique(),
+        "candidates": rows.height,
+        **per_prompt,
+        **lengths,
+        "kept_length_ratio": _ratio(lengths["kept_p50"], lengths["all_p50"]),
+        "hinted_share": _ratio(kept["hinted"].sum(), kept.height),
+        "headroom": headroom,
+        "headroom_metric": headroom_metric,
+        "mixed_share": _mixed_share(unhinted),
+    }
+    columns = ["selection_id", *(column for column, _, _ in ROUND_MONITOR_COLUMNS)]
+    return {c: measured.get(c) for c in columns}, eval_run_id
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else round(float(num) / float(den), 4)
+
+
+def _percentile(values: pl.Series, q: float) -> float | None:
+    known = values.drop_nulls().to_numpy()
+    return round(float(np.percentile(known, q)), 4) if len(known) else None
+
+
+def _mixed_share(unhinted: pl.DataFrame) -> float | None:
+    """Share of prompts whose unhinted candidates are neither all passed nor all failed."""
+    if unhinted.is_empty():
+        return None
+    per = unhinted.group_by("prompt_id").agg(pl.col("passed").any().alias("some"),
+                                             pl.col("passed").all().alias("every"))  # fmt: skip
+    return round(float((per["some"] & ~per["every"]).mean()), 4)
+
+
+def _headroom(
+    lake: Lake, name: str | None, round_: int
+) -> tuple[float | None, str | None, str | None]:
+    """pass@k - pass@1 (largest k), the pass@k it used and the evaluation's run id, from
+    the pipeline's latest overall held-out evaluation of model `round_`."""
+    from thresher.stores.queries import latest_overall_eval
+
+    metrics = latest_overall_eval(lake, name, round_)
+    values = {}
+    for metric, value in zip(metrics["metric"], metrics["value"], strict=True):
+        prefix, _, k = metric.partition("@")
+        if prefix == "pass" and k.isdigit():
+            values[int(k)] = value
+    top = max(values, default=1)
+    if 1 not in values or top == 1:
+        return None, None, None
+    return round(values[top] - values[1], 4), f"pass@{top}", metrics["run_id"][0]
+
+
+def _text_monitors(lake: Lake, selection_id: str, prompts: int) -> dict[str, Any]:
+    """distinct_answers, similarity and the top opening and closing sentences with their
+    shares (of `prompts`), over the selection's unhinted candidates, a frame at a time."""
+    from thresher.stores.queries import selection_texts
+
+    distinct: list[np.ndarray] = []
+    similar: list[np.ndarray] = []
+    openings: Counter[str] = Counter()
+    closings: Counter[str] = Counter()
+
+    def measure(texts: pl.DataFrame) -> None:
+        texts = texts.with_columns(pl.col("text").fill_null(""))
+        group = texts["prompt_id"].rank("dense").cast(pl.Int64).to_numpy() - 1
+        distinct.append(_distinct_answers(texts["text"].to_list(), group))
+        similar.append(_similarities(texts["text"].to_list(), group))
+        for counter, end in ((openings, 0), (closings, -1)):
+            counter.update(_sentences_per_prompt(texts, end))
+
+    carried = None  # the last prompt of a frame: the next frame may hold more of it
+    for frame in selection_texts(lake, selection_id, TEXT_BATCH_ROWS):
+        if carried is not None:
+            frame = pl.concat([carried, frame])
+        if frame.is_empty():
+            continue
+        last = pl.col("prompt_id") == frame["prompt_id"][-1]
+        carried = frame.filter(last)
+        if frame.height > carried.height:
+            measure(frame.filter(~last))
+    if carried is not None and not carried.is_empty():
+        measure(carried)
+    opening, opening_share = _top(openings, prompts)
+    closing, closing_share = _top(closings, prompts)
+    sims = np.concatenate(similar) if similar else np.array([])
+    sims = sims[~np.isnan(sims)]
+    return {
+        "distinct_answers": round(float(np.concatenate(distinct).mean()), 4) if distinct else None,
+        "similarity": round(float(sims.mean()), 4) if len(sims) else None,
+        "top_opening": opening,
+        "top_opening_share": opening_share,
+        "top_closing": closing,
+        "top_closing_share": closing_share,
+    }
+
+
+def _distinct_answers(texts: list[str], group: np.ndarray) -> np.ndarray:
+    """Per group (0..G-1), how many distinct final answers its texts give."""
+    from thresher.verifiers.extract import extract_answer
+
+    answers = []
+    for text in texts:
+        answer, _ = extract_answer(text)
+        answers.append(NO_ANSWER if answer is None else " ".join(answer.split()))
+    frame = pl.DataFrame({"group": group, "answer": answers})
+    counted = frame.group_by("group").agg(pl.col("answer").n_unique()).sort("group")
+    return counted["answer"].to_numpy().astype(float)
+
+
+def _similarities(texts: list[str], group: np.ndarray) -> np.ndarray:
+    """Per group, the mean pairwise MinHash Jaccard estimate of its texts (NaN: fewer than
+    two)."""
+    from thresher.selection.minhash import signatures
+
+    return pairwise_similarity(signatures(texts, NUM_PERM, SHINGLE_SIZE), group)
+
+
+def pairwise_similarity(sigs: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per group (ids 0..G-1), the mean over pairs of its rows of the share of signature
+    slots they agree on (NaN: fewer than two rows), without forming the pairs: c rows
+    sharing a value in a slot make c(c-1)/2 agreeing pairs."""
+    n, perm = sigs.shape
+    group = np.asarray(group, dtype=np.int64)
+    size = np.bincount(group).astype(float)
+    cell = (group[:, None] * perm + np.arange(perm)[None, :]).astype(np.uint64)
+    keys = (cell << np.uint64(32)) | sigs.astype(np.uint64)
+    values, counts = np.unique(keys.ravel(), return_counts=True)
+    owner = (values >> np.uint64(32)).astype(np.int64) // perm
+    agree = np.bincount(owner, weights=counts * (counts - 1) / 2.0, minlength=len(size))
+    pairs = size * (size - 1) / 2.0 * perm
+    return np.divide(agree, pairs, out=np.full(len(size), np.nan), where=pairs > 0)
+
+
+def sentences(text: str) -> list[str]:
+    """The text's sentences (split after . ! ? and at line breaks), lower-cased, whitespace
+    collapsed, at most MAX_SENTENCE characters each."""
+    out = []
+    for part in _SENTENCE_BREAK.split(text):
+        said = " ".join(part.split()).lower()
+        if said:
+            out.append(said[:MAX_SENTENCE])
+    return out
+
+
+def _sentences_per_prompt(texts: pl.DataFrame, end: int) -> list[str]:
+    """Each distinct (prompt, opening or closing sentence) pair's sentence (`end` 0: the
+    first sentence of each text, -1: the last)."""
+    found = set()
+    for prompt_id, text in zip(texts["prompt_id"], texts["text"], strict=True):
+        said = sentences(text)
+        if said:
+            found.add((prompt_id, said[end]))
+    return [sentence for _, sentence in found]
+
+
+def _top(counts: Counter[str], prompts: int) -> tuple[str | None, float | None]:
+    """The sentence most prompts have (ties: the first in sorted order) and that share."""
+    if not counts or not prompts:
+        return None, None
+    sentence, n = min(counts.items(), key=lambda item: (-item[1], item[0]))
+    return sentence, round(n / prompts, 4)
