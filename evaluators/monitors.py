@@ -11,7 +11,8 @@ signal, measured on a pipeline's current selection of the round and its candidat
   kept_length_ratio = kept_p50 / all_p50;
 - hinted_share: hinted candidates among the kept ones;
 - headroom: pass@k - pass@1 (largest k) of the round's sampling model on held-out prompts
-  (round r's overall evaluation measures model r), when it was evaluated;
+  (the evaluation of its candidates' model: model r, or the best model a rollback chose),
+  when it was evaluated;
 - mixed_share: prompts solved sometimes but not always (`prompt_difficulty`'s `mixed`).
 
 Answers, similarity, sentences and the mixed share are measured on unhinted candidates
@@ -134,7 +135,9 @@ def _measure(lake: Lake, name: str | None, round_: int) -> tuple[dict[str, Any],
         for which, frame in (("all", rows), ("kept", kept))
         for p, q in (("p50", 50), ("p90", 90))
     }
-    headroom, headroom_metric, eval_run_id = _headroom(lake, name, round_)
+    sampled_with = unhinted["model"].drop_nulls().mode().sort()  # the round's sampling model
+    model = sampled_with[0] if len(sampled_with) else None
+    headroom, headroom_metric, eval_run_id = _headroom(lake, name, round_, model)
     measured = {
         "selection_id": selection_id,
         "prompts": rows["prompt_id"].n_unique(),
@@ -170,13 +173,14 @@ def _mixed_share(unhinted: pl.DataFrame) -> float | None:
 
 
 def _headroom(
-    lake: Lake, name: str | None, round_: int
+    lake: Lake, name: str | None, round_: int, model: str | None
 ) -> tuple[float | None, str | None, str | None]:
     """pass@k - pass@1 (largest k), the pass@k it used and the evaluation's run id, from
-    the pipeline's latest overall held-out evaluation of model `round_`."""
+    the pipeline's latest overall held-out evaluation of the model that sampled the round
+    (`model`; unknown: model `round_`)."""
     from thresher.stores.queries import latest_overall_eval
 
-    metrics = latest_overall_eval(lake, name, round_)
+    metrics = latest_overall_eval(lake, name, round_, model)
     values = {}
     for metric, value in zip(metrics["metric"], metrics["value"], strict=True):
         prefix, _, k = metric.partition("@")

