@@ -120,6 +120,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
                 "final_loss": result.final_loss,
                 "eval_loss": result.eval_loss,
                 "tokens_per_s": round(result.tokens_per_s, 1),
+                "padding_share": round(result.padding_share, 4),  # of the rows trained
+                "unpacked_padding_share": round(result.unpacked_padding_share, 4),
                 "model_dir": str(result.model_dir) if result.model_dir else None,
                 "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
                 "resumed_from": result.resumed_from,

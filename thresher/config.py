@@ -635,6 +635,13 @@ class TrainSettings(_Strict):
         "and keep the best step's weights",
     )
 
+    packing: bool = Field(
+        False,
+        description="pack each micro-batch's examples into as few rows as fit in its longest "
+        "example's length (best-fit decreasing), each example with its own positions and no "
+        "attention across examples: the same loss and gradients with less padding",
+    )
+
     mix: list[MixSource] | None = Field(
         None,
         description="train on a weighted mixture of sources instead of `data` alone "
@@ -649,11 +656,15 @@ class TrainSettings(_Strict):
 
     @model_serializer(mode="wrap")
     def _no_mix_no_keys(self, handler):
-        # configs without a mix dump (and so identify their runs) as before mixes existed
+        # configs without a mix (or packing) dump, and so identify their runs, as before
+        # those settings existed
         out = handler(self)
-        if self.mix is None and isinstance(out, dict):
-            out.pop("mix", None)
-            out.pop("mix_rows", None)
+        if isinstance(out, dict):
+            if self.mix is None:
+                out.pop("mix", None)
+                out.pop("mix_rows", None)
+            if not self.packing:
+                out.pop("packing", None)
         return out
 
     @model_validator(mode="after")

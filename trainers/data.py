@@ -132,3 +132,64 @@ def collate(batch: list[dict[str, list[int]]], pad_id: int):
         labels[i, :n] = torch.tensor(b["labels"])
         mask[i, :n] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def pack(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` in bins of at most `capacity` tokens (best-fit decreasing).
+
+    Longest first, each into the fullest bin it still fits (ties: the earlier bin); an
+    item longer than `capacity` gets a bin of its own. The same lengths give the same bins."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        fits = [b for b in range(len(bins)) if room[b] >= n]
+        if fits:
+            b = min(fits, key=lambda b: (room[b], b))
+            bins[b].append(i)
+            room[b] -= n
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def batch_shape(lengths: list[int], packed: bool) -> tuple[int, int]:
+    """(rows, row width) of a micro-batch: packed as collate_packed packs it, or one example
+    a row."""
+    if not packed:
+        return len(lengths), max(lengths)
+    bins = pack(lengths, max(lengths))
+    return len(bins), max(sum(lengths[i] for i in b) for b in bins)
+
+
+def collate_packed(batch: list[dict[str, list[int]]], pad_id: int, capacity: int | None = None):
+    """Packed tensors: input_ids, position_ids, labels; no attention_mask.
+
+    Each row holds several examples (see pack) in at most `capacity` tokens, by default the
+    longest example's length: rows no wider than unpadded ones, so packing never adds
+    attention work per row (the mask is dense on CPU) and only removes padding. Rows are
+    right-padded to the longest row. Positions
+    restart at 0 for every example, so transformers builds a block-diagonal causal mask
+    from them (masking_utils.find_packed_sequence_indices): no token attends across
+    examples. Each example's first label is -100: unpacked, nothing predicts an example's
+    first token, and packed it must not be predicted from the previous example."""
+    import torch
+
+    lengths = [len(b["input_ids"]) for b in batch]
+    bins = pack(lengths, capacity or max(lengths))
+    width = max(sum(lengths[i] for i in b) for b in bins)
+    ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(bins), width), IGNORE, dtype=torch.long)
+    positions = torch.zeros((len(bins), width), dtype=torch.long)
+    for r, b in enumerate(bins):
+        at = 0
+        for i in b:
+            n = lengths[i]
+            ids[r, at : at + n] = torch.tensor(batch[i]["input_ids"])
+            labels[r, at + 1 : at + n] = torch.tensor(batch[i]["labels"][1:])
+            positions[r, at : at + n] = torch.arange(n)
+            at += n
+        # the padding is a sequence of its own: it sees none of the examples
+        positions[r, at:] = torch.arange(width - at)
+    return {"input_ids": ids, "position_ids": positions, "labels": labels}

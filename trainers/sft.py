@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from thresher.config import TrainSettings
-from thresher.trainers.data import IGNORE, build_examples, collate
+from thresher.trainers.data import IGNORE, batch_shape, build_examples, collate, collate_packed
 from thresher.trainers.distributed import Dist
 
 ONE = Dist()  # a single process
@@ -58,6 +58,14 @@ class TrainResult:
     best_step: int | None = None  # early stopping: the step whose weights were kept
     best_eval_loss: float | None = None
     stopped_early: bool = False  # early stopping ended it before its steps
+    # the micro-batches as run (packed when settings.packing) and as they would be one
+    # example a row: rows, token slots (padding included) and the padding's share of them
+    rows: int = 0
+    row_tokens: int = 0
+    padding_share: float = 0.0
+    unpacked_rows: int = 0
+    unpacked_row_tokens: int = 0
+    unpacked_padding_share: float = 0.0
 
 
 def _log(msg: str) -> None:
@@ -206,6 +214,7 @@ def train(
 
     pad = tokenizer.pad_token_id
     tokens_done, last_loss, last_eval = 0, None, None
+    shape = dict.fromkeys(("rows", "row_tokens", "unpacked_rows", "unpacked_row_tokens"), 0)
     watch = settings.early_stopping if eval_set else None
     best = _read_best(out) if watch and ckpts else {"step": None, "loss": None, "stale": 0}
     start = time.perf_counter()
@@ -226,13 +235,16 @@ def train(
         first = (step % per_epoch) * settings.grad_accum  # micro-batches this epoch already done
         for i in range(first, len(micro), settings.grad_accum):
             group = micro[i : i + settings.grad_accum]
-            loss_sum = dist.sum(_backward(model, train_set, group, pad, device, dist))[0]
+            loss_sum = dist.sum(
+                _backward(model, train_set, group, pad, device, dist, settings.packing)
+            )[0]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
             tokens_done += sum(len(train_set[j]["input_ids"]) for g in group for j in g)
+            _count_shape(shape, train_set, group, settings.packing, dist.world)
             last_loss = loss_sum
             elapsed = time.perf_counter() - start
             row = {
@@ -295,6 +307,14 @@ def train(
         best_step=best["step"] if watch else None,
         best_eval_loss=best["loss"] if watch else None,
         stopped_early=stopped_early,
+        rows=shape["rows"],
+        row_tokens=shape["row_tokens"],
+        padding_share=1 - tokens_done / shape["row_tokens"] if shape["row_tokens"] else 0.0,
+        unpacked_rows=shape["unpacked_rows"],
+        unpacked_row_tokens=shape["unpacked_row_tokens"],
+        unpacked_padding_share=(
+            1 - tokens_done / shape["unpacked_row_tokens"] if shape["unpacked_row_tokens"] else 0.0
+        ),
     )
     if dist.main:
         _write_lineage(out, settings, base_model, result, dist)
@@ -313,17 +333,45 @@ def _write_lineage(
     (out / "thresher_train.json").write_text(json.dumps(lineage, indent=2, default=str))
 
 
+def _count_shape(
+    shape: dict[str, int], train_set: list[dict], group: list[list[int]], packing: bool, world: int
+) -> None:
+    """Add one step's rows and token slots, as run and one example a row, to `shape`."""
+    for g in group:
+        for rank in range(world):
+            lengths = [len(train_set[j]["input_ids"]) for j in g[rank::world]]
+            if not lengths:
+                continue
+            rows, width = batch_shape(lengths, packing)
+            shape["rows"] += rows
+            shape["row_tokens"] += rows * width
+            rows, width = batch_shape(lengths, False)
+            shape["unpacked_rows"] += rows
+            shape["unpacked_row_tokens"] += rows * width
+
+
 def _backward(
-    model, train_set: list[dict], group: list[list[int]], pad: int, device, dist: Dist
+    model,
+    train_set: list[dict],
+    group: list[list[int]],
+    pad: int,
+    device,
+    dist: Dist = ONE,
+    packing: bool = False,
 ) -> float:
     """Forward and backward over one optimizer step's micro-batches (this rank's slice of
-    each); returns this rank's part of the step's loss (a mean over the step's answer
-    tokens, so the parts of all ranks add up to it)."""
+    each, packed when `packing`); returns this rank's part of the step's loss (a mean over
+    the step's answer tokens, so the parts of all ranks add up to it)."""
     n_tokens = sum(sum(1 for t in train_set[j]["labels"] if t != IGNORE) for g in group for j in g)
     loss_sum = 0.0
     for m, g in enumerate(group):
         rows, weight = dist.shard(g)
-        batch = {k: v.to(device) for k, v in collate([train_set[j] for j in rows], pad).items()}
+        examples = [train_set[j] for j in rows]
+        batch = collate_packed(examples, pad) if packing else collate(examples, pad)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if packing:
+            # with a KV cache transformers ignores the packing in position_ids (masking_utils)
+            batch["use_cache"] = False
         # weight each micro-batch by its answer tokens: a token-level mean overall
         n = int((batch["labels"] != IGNORE).sum())
         with dist.grad_sync(model, sync=m == len(group) - 1):
