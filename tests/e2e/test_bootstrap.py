@@ -256,9 +256,19 @@ def test_rationalized_samples_are_flagged_and_train_without_the_hint(tiny_model,
 
 
 def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
-    """Round 0 trains on the answers math fails (rule `not math`): model 1 regresses on the
-    held-out truth (math), so round 1 samples with model 0, and model 0 stays the best."""
+    """Round 0 trains on wrong answers (rule `not math` keeps the answers math fails, mixed
+    with a file of wrong sums): model 1 regresses on the held-out truth (math), so round 1
+    samples with model 0, and model 0 stays the best."""
     lake = _lake(tmp_path)
+    wrong = tmp_path / "wrong-sums.jsonl"  # every sum of the data set, one off
+    with wrong.open("w") as out:
+        for split in ("train", "eval"):
+            for line in (EXAMPLES / f"{split}.jsonl").read_text().splitlines():
+                row = json.loads(line)
+                a, op, b = row["question"].removeprefix("What is ").removesuffix("?").split()
+                bad = int(row["answer"]) + 1
+                answer = f" {a} {op} {b} = {bad}. The answer is {bad}."
+                out.write(json.dumps({"prompt": row["question"], "response": answer}) + "\n")
     config = {
         "name": "planted",
         "base_model": str(tiny_model),
@@ -278,6 +288,7 @@ def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
             "max_len": 64,
             "eval_fraction": 0.0,
             "save_every": 100,
+            "mix": [{"pipeline": "self", "weight": 1}, {"path": str(wrong), "weight": 3}],
         },
         "eval": {
             "prompts": {"dataset": "arith", "split": "eval", "limit": 24},
