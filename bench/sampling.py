@@ -10,6 +10,8 @@ thresher's time / bare time of the two runs of a repeat (run back to back, they 
 machine's state of the moment), and the ratio of the two sides' median times.
 
     .venv/bin/python bench/sampling.py [--prompts 512] [--k 8] [--batch-size 256] [--repeats 9]
+    .venv/bin/python bench/sampling.py --model .cache/smollm2-135m-instruct --dtype auto \
+        --max-model-len 1024 --prompts 32 --k 4 --max-tokens 64 --repeats 5
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9, help="at least 5")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "bench-model"))
+    parser.add_argument(
+        "--dtype", default="float32", help="engine dtype (auto: the model's, e.g. bf16 SmolLM2)"
+    )
+    parser.add_argument("--max-model-len", type=int, default=256)
     args = parser.parse_args()
 
     import os
@@ -68,7 +74,7 @@ def main() -> None:
         batch_size=args.batch_size,
         prompts={"dataset": "bench"},
         sampling={"k": args.k, "max_tokens": args.max_tokens, "chat": False},  # same text as bare
-        engine={"dtype": "float32", "max_model_len": 256},
+        engine={"dtype": args.dtype, "max_model_len": args.max_model_len},
     )
     s = cfg.sampling
     llm = local_engine(cfg)  # the very engine the sampling stage uses
@@ -123,11 +129,11 @@ def main() -> None:
     )
     print(
         f"bare vllm generate: {bare_t:.2f} s median, {candidates / bare_t:.0f} candidates/s, "
-        f"{bare_tok:.0f} tokens"
+        f"{bare_tok:.0f} tokens, {bare_tok / bare_t:.0f} tokens/s"
     )
     print(
         f"thresher sampling stage: {thr_t:.2f} s median, {candidates / thr_t:.0f} candidates/s, "
-        f"{thr_tok:.0f} tokens"
+        f"{thr_tok:.0f} tokens, {thr_tok / thr_t:.0f} tokens/s"
     )
     print(
         f"(each Prefect flow run adds {statistics.median(flow_costs):.2f} s once per run, "
