@@ -207,8 +207,9 @@ def _text_monitors(lake: Lake, selection_id: str, prompts: int) -> dict[str, Any
         group = texts["prompt_id"].rank("dense").cast(pl.Int64).to_numpy() - 1
         distinct.append(_distinct_answers(texts["text"].to_list(), group))
         similar.append(_similarities(texts["text"].to_list(), group))
-        for counter, end in ((openings, 0), (closings, -1)):
-            counter.update(_sentences_per_prompt(texts, end))
+        first, last = _ends_per_prompt(texts)
+        openings.update(first)
+        closings.update(last)
 
     carried = None  # the last prompt of a frame: the next frame may hold more of it
     for frame in selection_texts(lake, selection_id, TEXT_BATCH_ROWS):
@@ -284,15 +285,16 @@ def sentences(text: str) -> list[str]:
     return out
 
 
-def _sentences_per_prompt(texts: pl.DataFrame, end: int) -> list[str]:
-    """Each distinct (prompt, opening or closing sentence) pair's sentence (`end` 0: the
-    first sentence of each text, -1: the last)."""
-    found = set()
+def _ends_per_prompt(texts: pl.DataFrame) -> tuple[list[str], list[str]]:
+    """The opening and the closing sentence of each distinct (prompt, sentence) pair: a
+    sentence counts once per prompt however many of its texts open (close) with it."""
+    first, last = set(), set()
     for prompt_id, text in zip(texts["prompt_id"], texts["text"], strict=True):
         said = sentences(text)
         if said:
-            found.add((prompt_id, said[end]))
-    return [sentence for _, sentence in found]
+            first.add((prompt_id, said[0]))
+            last.add((prompt_id, said[-1]))
+    return [sentence for _, sentence in first], [sentence for _, sentence in last]
 
 
 def _top(counts: Counter[str], prompts: int) -> tuple[str | None, float | None]:

@@ -12,9 +12,11 @@ import polars as pl
 
 from thresher.evaluators.audit import verifier_quality
 from thresher.evaluators.report import (
+    best_and_rollbacks,
     difficulty_by_round,
     eval_by_round,
     funnel_by_round,
+    monitors_by_round,
     pass_rates_by_round,
     pipeline_names,
     round_table,
@@ -51,12 +53,11 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
 
     plots = dict.fromkeys(PLOTS, "")  # file name -> why it was skipped ("" when drawn)
+    best, rolled = best_and_rollbacks(lake, name)
     if evals.is_empty():
         plots["passk.png"] = "No held-out evals (split 'eval', task 'all'): run `thresher eval`."
     else:
-        from thresher.evaluators.report import best_and_rollbacks
-
-        _plot_passk(evals, out / "passk.png", *best_and_rollbacks(lake, name))
+        _plot_passk(evals, out / "passk.png", best, rolled)
     if funnel.is_empty():
         note = "No curated rounds (no selections): run `thresher curate` or `thresher bootstrap`."
         plots.update({p: note for p in PLOTS[1:]})
@@ -82,14 +83,20 @@ def write_report(
         )
     else:
         _plot_quality(quality, out / "verifier_quality.png")
-    _draw_monitors(lake, name, out, plots)
+    monitors = monitors_by_round(lake, name)
+    _draw_monitors(monitors, out, plots)
     for file, note in plots.items():
         if note:  # a skipped plot: no stale picture from an earlier report
             (out / file).unlink(missing_ok=True)
 
     page = out / "index.html"
-    audits = _audit_section(lake, name, quality)
-    page.write_text(_page(lake, name, round_table(lake, name), funnel, plots, out, audits), "utf-8")
+    before_plot = {  # sections that stand just before a plot's heading
+        "verifier_quality.png": _audit_section(lake, name, quality),
+        "monitors.png": _monitors_section(monitors, name),
+    }
+    lines = _best_lines(best, rolled)
+    table = round_table(lake, name)
+    page.write_text(_page(lake, name, table, funnel, plots, out, lines, before_plot), "utf-8")
     return page
 
 
@@ -262,11 +269,8 @@ MONITOR_TABLES = (
 )  # fmt: skip
 
 
-def _draw_monitors(lake: Lake, name: str | None, out: Path, plots: dict[str, str]) -> None:
+def _draw_monitors(monitors: pl.DataFrame, out: Path, plots: dict[str, str]) -> None:
     """monitors.png, or the note saying why there is none."""
-    from thresher.evaluators.report import monitors_by_round
-
-    monitors = monitors_by_round(lake, name)
     if monitors.is_empty():
         plots["monitors.png"] = (
             "No round monitors: every curate run records them (thresher curate, bootstrap)."
@@ -316,11 +320,8 @@ def _plot_monitors(monitors: pl.DataFrame, path: Path) -> None:
     fig.savefig(path)
 
 
-def _monitors_section(lake: Lake, name: str | None) -> list[str]:
+def _monitors_section(monitors: pl.DataFrame, name: str | None) -> list[str]:
     """The monitors per round, and each round's most repeated opening and closing."""
-    from thresher.evaluators.report import monitors_by_round
-
-    monitors = monitors_by_round(lake, name)
     parts = [
         "<h2>Monitors</h2>",
         "<p>Per curated round, on its current selection (view <code>round_monitors</code>): "
@@ -390,11 +391,8 @@ def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[
 # -- the page -------------------------------------------------------------------------
 
 
-def _best_lines(lake: Lake, name: str | None) -> list[str]:
+def _best_lines(best: int | None, rolled: list[tuple]) -> list[str]:
     """The best model on held-out pass@1, and the rounds that rolled back to it."""
-    from thresher.evaluators.report import best_and_rollbacks
-
-    best, rolled = best_and_rollbacks(lake, name)
     lines = [] if best is None else [f"<p>Best model on held-out pass@1: <b>round {best}</b>.</p>"]
     for round_, source in rolled:
         lines.append(
@@ -523,7 +521,8 @@ def _page(
     funnel: pl.DataFrame,
     plots: dict[str, str],
     out: Path,
-    audits: list[str] | None = None,
+    best_lines: list[str],
+    before_plot: dict[str, list[str]],
 ) -> str:
     title = "thresher report" + (f": {name}" if name is not None else "")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -541,7 +540,7 @@ def _page(
         "candidates; prompts, all_pass and all_fail count prompts by their unhinted "
         "candidates.</p>",
         _html_table(table),
-        *_best_lines(lake, name),
+        *best_lines,
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
@@ -550,10 +549,7 @@ def _page(
         *_test_section(lake, name),
     ]
     for file, note in plots.items():
-        if file == "monitors.png":
-            parts += _monitors_section(lake, name)
-        if file == "verifier_quality.png":
-            parts += audits or []
+        parts += before_plot.get(file, [])
         parts.append(f"<h2>{html.escape(PLOT_TITLES[file])}</h2>")
         if note:
             parts.append(f'<p class="note">{html.escape(note)}</p>')

@@ -45,6 +45,15 @@ def _runs_named(flow: str) -> str:
     )
 
 
+def _completed_runs(flow: str, name: str | None) -> tuple[str, list]:
+    """A WHERE clause (and its parameters) over `runs` for the completed runs of one flow,
+    of pipeline `name` when given."""
+    where = f"flow = '{flow}' AND status = 'completed'"
+    if name is None:
+        return where, []
+    return where + " AND json_extract_string(config, '$.name') = ?", [name]
+
+
 def _selections(name: str | None) -> tuple[str, list]:
     """A CTE `sel`: the current selection of each round (of pipeline `name`), and its
     parameters."""
@@ -205,11 +214,7 @@ def signal_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Per curated round, from the latest curate run of it (of pipeline `name`): prompts
     sampled, retired (difficulty.retire_after) and skipped as solved, and the share of
     prompts in the signal band."""
-    where = "flow = 'curate' AND status = 'completed'"
-    params: list = []
-    if name is not None:
-        where += " AND json_extract_string(config, '$.name') = ?"
-        params.append(name)
+    where, params = _completed_runs("curate", name)
     return lake.query(
         f"""SELECT round, json_extract(summary, '$.prompts')::BIGINT AS prompts,
                    json_extract(summary, '$.skipped_solved')::BIGINT AS skipped_solved,
@@ -232,11 +237,7 @@ def best_and_rollbacks(lake: Lake, name: str | None = None) -> tuple[int | None,
     best = None
     if "pass@1" in evals.columns and evals.height:
         best = int(evals.sort(["pass@1", "round"], descending=[True, False])["round"][0])
-    where = "flow = 'bootstrap' AND status = 'completed'"
-    params: list = []
-    if name is not None:
-        where += " AND json_extract_string(config, '$.name') = ?"
-        params.append(name)
+    where, params = _completed_runs("bootstrap", name)
     runs = lake.query(
         f"SELECT summary FROM runs WHERE {where} ORDER BY finished_at DESC LIMIT 1", params
     )

@@ -78,7 +78,9 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
         from thresher.trainers.mix import mixed_rows
 
         # datasets and files skip selection: keep their eval and test items out here
-        index = eval_index(lake, DecontamConfig())
+        index = None
+        if any(src.outside_selection for src in cfg.mix):
+            index = eval_index(lake, DecontamConfig())
         match = index.match if index is not None else None
         rows, mix = mixed_rows(cfg, lake, ingest_mix_paths(cfg, lake), match)
     else:

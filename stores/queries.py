@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, Lake
+from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, PROMPT_DIFFICULTY_SQL, Lake
 from thresher.stores.schemas import PASSED_SQL
+
+# A selection's rows (lakes written before selections had ids used the run id).
+_OF_SELECTION = "(s.selection_id = $sid OR (s.selection_id IS NULL AND s.run_id = $sid))"
 
 
 class SealedSplit(ValueError):
@@ -123,15 +126,11 @@ def retired_prompts(lake: Lake, name: str, before_round: int, after: int) -> set
 def band_share(lake: Lake, selection_id: str, low: float, high: float) -> dict:
     """Of one selection's prompts (unhinted candidates), how many were solved at a rate
     strictly between `low` and `high`: those that carry signal for training."""
+    one = f"(SELECT * FROM selections s WHERE {_OF_SELECTION})"
     row = lake.query(
-        f"""WITH rates AS (
-                SELECT s.prompt_id, avg(({PASSED_SQL})::INT) AS rate
-                FROM selections s JOIN candidates c USING (candidate_id)
-                WHERE coalesce(s.selection_id, s.run_id) = $sid AND NOT coalesce(c.hinted, false)
-                GROUP BY s.prompt_id)
-            SELECT count(*) AS prompts,
-                   count(*) FILTER (WHERE rate > $low AND rate < $high) AS in_band
-            FROM rates""",
+        f"""SELECT count(*) AS prompts,
+                   count(*) FILTER (WHERE pass_rate > $low AND pass_rate < $high) AS in_band
+            FROM ({PROMPT_DIFFICULTY_SQL.format(selections=one)})""",
         {"sid": selection_id, "low": low, "high": high},
     ).row(0, named=True)
     share = row["in_band"] / row["prompts"] if row["prompts"] else 0.0
@@ -364,10 +363,6 @@ def test_openings(lake: Lake, dataset: str | None = None) -> list[dict]:
 
 
 # -- monitors (evaluators.monitors) ---------------------------------------------------
-
-
-# A selection's rows (lakes written before selections had ids used the run id).
-_OF_SELECTION = "(s.selection_id = $sid OR (s.selection_id IS NULL AND s.run_id = $sid))"
 
 
 def current_selection_id(lake: Lake, name: str | None, round_: int) -> str | None:

@@ -572,6 +572,11 @@ class MixSource(_Strict):
         return self.pipeline == SELF
 
     @property
+    def outside_selection(self) -> bool:
+        """Rows that no selection screened (a dataset's or a file's), so the mix must."""
+        return self.dataset is not None or self.path is not None
+
+    @property
     def dataset_name(self) -> str | None:
         """The prompts dataset this source reads (a path source's, once ingested)."""
         if self.path is not None:

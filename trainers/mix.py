@@ -106,8 +106,7 @@ def mixed_rows(
     loaded, contaminated = [], []
     for src in sources:
         rows, missing = source_rows(cfg, lake, src, ingested)
-        outside = src.dataset is not None or src.path is not None  # not through selection
-        rows, dropped = screened(rows, match if outside else None)
+        rows, dropped = screened(rows, match if src.outside_selection else None)
         loaded.append((rows, missing))
         contaminated.append(dropped)
     available = [len(rows) for rows, _ in loaded]
