@@ -115,6 +115,19 @@ def run_thresher(args, rows: list[dict], packing: bool, n_answer: int) -> dict:
     }
 
 
+def in_thresher_order(rows: list[dict]) -> list[dict]:
+    """The rows in the order thresher's trainer draws them (its seeded shuffle, then its
+    first epoch's batches), so that both sides' step losses are over the same examples."""
+    from thresher.config import TrainSettings
+    from thresher.trainers.sft import _batches
+
+    seed = TrainSettings().seed
+    shuffled = list(range(len(rows)))
+    random.Random(seed).shuffle(shuffled)
+    batches = _batches(len(rows), len(rows), seed, 0)  # one batch: the epoch's order
+    return [rows[shuffled[i]] for b in batches for i in b]
+
+
 def run_trl(args, rows: list[dict]) -> dict:
     """One TRL SFTTrainer run, padding-free with completion-only loss, as like thresher's as
     its options allow (optimizer, schedule, clipping, no weight decay, fp32 on CPU)."""
@@ -126,7 +139,10 @@ def run_trl(args, rows: list[dict]) -> dict:
 
     cuda = torch.cuda.is_available()
     data = Dataset.from_list(
-        [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows]
+        [
+            {"prompt": r["messages"][:-1], "completion": r["messages"][-1:]}
+            for r in in_thresher_order(rows)
+        ]
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
@@ -145,6 +161,11 @@ def run_trl(args, rows: list[dict]) -> dict:
         def on_log(self, _args, _state, _control, logs=None, **k):
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
+
+    class InOrder(SFTTrainer):
+        # the rows come in thresher's batch order: each step sees the same examples
+        def _get_train_sampler(self, *a, **k):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
 
     with tempfile.TemporaryDirectory() as tmp:
         config = SFTConfig(
@@ -177,7 +198,7 @@ def run_trl(args, rows: list[dict]) -> dict:
             target_modules="all-linear",
             task_type="CAUSAL_LM",
         )
-        trainer = SFTTrainer(
+        trainer = InOrder(
             model=model,
             args=config,
             train_dataset=data,
@@ -190,6 +211,30 @@ def run_trl(args, rows: list[dict]) -> dict:
         trainer.train()
     seconds = times["end"] - times["start"]
     return {"tokens_per_s": n_answer / seconds, "seconds": seconds, "losses": losses}
+
+
+def compare_packing(args, rows: list[dict], n_answer: int, curves: dict) -> None:
+    """thresher packed against unpacked: speeds, padding shares, `packing speed ratio`."""
+    packed, unpacked = abba(
+        lambda: run_thresher(args, rows, True, n_answer),
+        lambda: run_thresher(args, rows, False, n_answer),
+        args.repeats,
+    )
+    ratios = [p["tokens_per_s"] / u["tokens_per_s"] for p, u in zip(packed, unpacked, strict=True)]
+    for name, runs in (("thresher packed", packed), ("thresher unpacked", unpacked)):
+        speeds = ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
+        print(
+            f"{name}: {statistics.median(r['tokens_per_s'] for r in runs):.0f} answer tokens/s "
+            f"(runs: {speeds}); {runs[0]['rows']} rows, padding share "
+            f"{runs[0]['padding_share']:.3f}"
+        )
+    print(
+        f"packing speed ratio: {statistics.median(ratios):.3f} (per repeat: "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + ")"
+    )
+    curves["thresher packed"] = packed[0]["losses"]
+    curves["thresher unpacked"] = unpacked[0]["losses"]
 
 
 def main() -> None:
@@ -205,6 +250,9 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-trl", action="store_true", help="thresher packed vs unpacked only")
+    parser.add_argument(
+        "--no-unpacked", action="store_true", help="thresher packed vs TRL only (a large model)"
+    )
     args = parser.parse_args()
 
     import os
@@ -235,29 +283,13 @@ def main() -> None:
     )
     # each side once untimed first: on CPU the first pass over new tensor shapes ran up to
     # 10x slower here (allocation), and the repeats then see shapes already run
-    for packing in (True, False):
+    for packing in (True, False) if not args.no_unpacked else (True,):
         run_thresher(args, rows, packing, n_answer)
     if has_trl:
         run_trl(args, rows)
-    packed, unpacked = abba(
-        lambda: run_thresher(args, rows, True, n_answer),
-        lambda: run_thresher(args, rows, False, n_answer),
-        args.repeats,
-    )
-    ratios = [p["tokens_per_s"] / u["tokens_per_s"] for p, u in zip(packed, unpacked, strict=True)]
-    for name, runs in (("thresher packed", packed), ("thresher unpacked", unpacked)):
-        speeds = ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs)
-        print(
-            f"{name}: {statistics.median(r['tokens_per_s'] for r in runs):.0f} answer tokens/s "
-            f"(runs: {speeds}); {runs[0]['rows']} rows, padding share "
-            f"{runs[0]['padding_share']:.3f}"
-        )
-    print(
-        f"packing speed ratio: {statistics.median(ratios):.3f} (per repeat: "
-        + ", ".join(f"{r:.3f}" for r in ratios)
-        + ")"
-    )
-    curves = {"thresher packed": packed[0]["losses"], "thresher unpacked": unpacked[0]["losses"]}
+    curves = {}
+    if not args.no_unpacked:
+        compare_packing(args, rows, n_answer, curves)
     if has_trl:
         thresher_runs, trl_runs = abba(
             lambda: run_thresher(args, rows, True, n_answer),
@@ -278,6 +310,7 @@ def main() -> None:
             f"train speed ratio: {statistics.median(ratios):.3f} (thresher packed / TRL; "
             "per repeat: " + ", ".join(f"{r:.3f}" for r in ratios) + ")"
         )
+        curves["thresher packed (beside TRL)"] = thresher_runs[0]["losses"]
         curves["TRL"] = trl_runs[0]["losses"]
     print("loss curves (first repeat), step: " + " | ".join(curves))
     for step in range(args.steps):

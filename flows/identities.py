@@ -86,8 +86,10 @@ def train_run_id(cfg: TrainConfig, rows: list[dict]) -> str:
     it; new data (more prompts curated, another selection) is a new run.
 
     The process count is not part of it: batch_size is the global batch whatever it is,
-    and a run may resume with another one."""
-    return content_id("train", cfg.model_dump(exclude={"lake", "distributed"}), rows_digest(rows))
+    and a run may resume with another one; nor is packing, which lays the same examples out
+    in fewer rows (the same loss and gradients)."""
+    settings = cfg.model_dump(exclude={"lake", "distributed", "packing"})
+    return content_id("train", settings, rows_digest(rows))
 
 
 def bootstrap_run_id(cfg: BootstrapConfig) -> str:
@@ -98,4 +100,5 @@ def bootstrap_run_id(cfg: BootstrapConfig) -> str:
     settings = _settings(cfg, OPERATIONAL | stops)
     # forgetting checks measure and may stop; each is an evaluation with its own id
     settings["eval"].pop("also", None)
+    settings["train"].pop("packing", None)  # the rows' layout, not what is trained
     return content_id("bootstrap", settings)

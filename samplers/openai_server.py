@@ -130,6 +130,8 @@ def sample_server(
         body["stop"] = stop
     if vllm_extensions:
         body["return_token_ids"] = True
+        if stop:  # as the local engine does: the stop string stays part of the answer
+            body["include_stop_str_in_output"] = True
         if top_k:
             body["top_k"] = top_k
     return asyncio.run(

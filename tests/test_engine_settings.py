@@ -1,11 +1,11 @@
-"""Engine settings chosen for the model and the machine: the KV cache size."""
+"""Engine settings chosen for the model and the machine: the KV cache size, thread binding."""
 
 from __future__ import annotations
 
 import json
 
 from thresher.samplers import vllm_offline
-from thresher.samplers.vllm_offline import kv_bytes_per_token, kv_cache_gib
+from thresher.samplers.vllm_offline import kv_bytes_per_token, kv_cache_gib, threads_bind
 
 # SmolLM2-135M-Instruct's shape (its config.json): 30 layers, 9 heads, 3 KV heads, 576 wide
 SMOLLM2 = {
@@ -54,6 +54,7 @@ def test_a_cache_size_the_user_set_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_offline, "available_gib", lambda: 24.0)
     monkeypatch.setitem(vllm_offline._KV_SET, "value", None)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")  # restored after the test
     vllm_offline._prepare_environment(smol, "auto", None, {})
     assert vllm_offline.os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
@@ -62,3 +63,17 @@ def test_a_cache_size_the_user_set_is_kept(tmp_path, monkeypatch):
     # a size this module chose is chosen again for the next engine's model and settings
     vllm_offline._prepare_environment(smol, "auto", None, {"max_num_seqs": 16})
     assert vllm_offline.os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_small_machines_bind_the_engine_threads_to_every_cpu(monkeypatch):
+    assert threads_bind([0, 1]) == "0,1"
+    assert threads_bind([2, 5, 7]) == "2,5,7"  # the CPUs this process may use, not 0..n
+    assert threads_bind(list(range(16))) is None  # larger machines: vLLM's own binding
+    monkeypatch.setattr(vllm_offline.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # a user's size: left alone here
+    vllm_offline._prepare_environment("nowhere", "auto", None, {})
+    assert vllm_offline.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's choice is kept
+    vllm_offline._prepare_environment("nowhere", "auto", None, {})
+    assert vllm_offline.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

@@ -6,7 +6,14 @@ import random
 import pytest
 
 from thresher.config import TrainConfig, TrainSettings
-from thresher.trainers.data import IGNORE, batch_shape, build_examples, collate_packed, pack
+from thresher.trainers.data import (
+    IGNORE,
+    batch_shape,
+    build_examples,
+    collate,
+    collate_packed,
+    pack,
+)
 from thresher.trainers.sft import _backward, load_model
 
 
@@ -21,21 +28,29 @@ def test_pack_is_best_fit_decreasing_and_respects_capacity():
     assert batch_shape(lengths, False) == (7, 10)
 
 
-def test_configs_without_packing_dump_and_identify_as_before():
-    from thresher.flows.identities import train_run_id
+def test_packing_is_on_by_default_and_not_part_of_a_runs_identity():
+    from thresher.config import BootstrapConfig
+    from thresher.flows.identities import bootstrap_run_id, train_run_id
 
     cfg = TrainConfig(name="t", base_model="m")
-    assert "packing" not in cfg.model_dump()
-    assert TrainConfig(name="t", base_model="m", packing=False).model_dump() == cfg.model_dump()
+    assert cfg.packing is True
+    assert "packing" not in cfg.model_dump()  # dumps as configs did before packing existed
+    unpacked = TrainConfig(name="t", base_model="m", packing=False)
+    assert unpacked.model_dump()["packing"] is False
+    assert TrainConfig(**unpacked.model_dump()) == unpacked  # a round trip keeps it off
     rows = [{"prompt": "p", "completion": "c"}]
-    # the id this config had before packing existed
-    assert train_run_id(cfg, rows) == train_run_id(
-        TrainConfig(name="t", base_model="m", packing=False), rows
+    # the same examples laid out in other rows: the same run (resumable either way)
+    assert train_run_id(cfg, rows) == train_run_id(unpacked, rows)
+    assert train_run_id(cfg, rows) != train_run_id(cfg, [{"prompt": "p", "completion": "d"}])
+    base = {
+        "name": "b",
+        "base_model": "m",
+        "prompts": {"dataset": "d"},
+        "eval": {"prompts": {"dataset": "d", "split": "eval"}},
+    }
+    assert bootstrap_run_id(BootstrapConfig(**base)) == bootstrap_run_id(
+        BootstrapConfig(**base, train={"packing": False})
     )
-    packed = TrainConfig(name="t", base_model="m", packing=True)
-    assert packed.model_dump()["packing"] is True
-    assert TrainConfig(**packed.model_dump()) == packed
-    assert train_run_id(packed, rows) != train_run_id(cfg, rows)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +106,36 @@ def test_packed_batches_give_the_same_loss_and_gradients(tiny_model, examples, m
     assert grads.keys() == packed_grads.keys() and grads
     for name, g in grads.items():
         assert torch.allclose(g, packed_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("packing", [False, True])
+def test_logits_at_answer_positions_only_give_the_models_own_loss(
+    tiny_model, examples, method, packing
+):
+    import torch
+
+    from thresher.trainers.sft import answer_loss
+
+    built, pad = examples
+    torch.manual_seed(0)
+    model, _ = load_model(str(tiny_model), TrainSettings(method=method, lora={"r": 8}))
+    model.train()
+    batch = collate_packed(built, pad) if packing else collate(built, pad)
+    if packing:
+        batch["use_cache"] = False
+    sides = []
+    for fn in (lambda: model(**batch).loss, lambda: answer_loss(model, batch)):
+        model.zero_grad(set_to_none=True)
+        loss = fn()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        sides.append((float(loss), grads))
+    (full, full_grads), (ours, our_grads) = sides
+    assert ours == pytest.approx(full, abs=1e-6)
+    assert full_grads.keys() == our_grads.keys() and full_grads
+    for name, g in full_grads.items():
+        assert torch.allclose(g, our_grads[name], atol=1e-6, rtol=1e-5), name
 
 
 def test_packed_examples_do_not_attend_to_each_other(tiny_model, examples):

@@ -375,11 +375,34 @@ def _backward(
         # weight each micro-batch by its answer tokens: a token-level mean overall
         n = int((batch["labels"] != IGNORE).sum())
         with dist.grad_sync(model, sync=m == len(group) - 1):
-            loss = model(**batch).loss * (weight * n / max(n_tokens, 1))
+            # one process: logits only where an answer token is predicted (the same loss);
+            # a DDP/FSDP wrapper must see its own forward, so those keep the model's
+            mean = answer_loss(model, batch) if dist.world == 1 else model(**batch).loss
+            loss = mean * (weight * n / max(n_tokens, 1))
             # DDP and FSDP average the ranks' gradients: scale back up to their sum
             (loss * dist.world).backward()
         loss_sum += float(loss.detach())
     return loss_sum
+
+
+def answer_loss(model, batch: dict):
+    """The causal LM loss of `batch` (mean over its labelled tokens, as `model(**batch).loss`)
+    with the output layer run only where a label is predicted.
+
+    The prompt's positions need no logits: on a 49k vocabulary the output layer and its
+    softmax are a fifth of a small model's forward work, and most of its memory traffic."""
+    import torch
+
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = causal.get_decoder(), causal.get_output_embeddings()
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    hidden = decoder(**inputs).last_hidden_state
+    targets = batch["labels"][:, 1:]
+    keep = targets != IGNORE
+    if not keep.any():  # nothing to predict: a zero that keeps the graph
+        return hidden.sum() * 0.0
+    logits = head(hidden[:, :-1][keep]).float()
+    return torch.nn.functional.cross_entropy(logits, targets[keep])
 
 
 def evaluate(model, eval_set: list[dict], pad: int, batch_size: int, dist: Dist = ONE) -> float:

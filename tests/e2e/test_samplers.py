@@ -69,9 +69,11 @@ def test_length_truncated_candidates_are_marked(engine):
     assert all(c.finish_reason == "length" and c.n_tokens == 2 for c in outs[0])
 
 
-def test_stop_sequences(engine):
+def test_stop_sequences_end_the_answer_and_stay_in_it(engine):
     outs = sample(engine, ["What is 4 + 4?"], k=3, max_tokens=24, stop=["="], **PARAMS)
-    assert all("=" not in c.text and c.finish_reason == "stop" for c in outs[0])
+    # the stop string is kept, as "</answer>" must be for the answer's tags to close
+    assert all(c.text.endswith("=") and c.text.count("=") == 1 for c in outs[0])
+    assert all(c.finish_reason == "stop" for c in outs[0])
 
 
 def test_chat_messages_use_the_chat_template(engine):
