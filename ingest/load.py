@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -372,21 +372,44 @@ def ingest(
     path = Path(path)
     if not path.exists():
         raise IngestError(f"{path}: no such file or folder")
-    if split not in SPLITS:
-        raise IngestError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    _check_split(split)
     unknown = set(mapping or {}) - set(FIELDS)
     if unknown:
         raise IngestError(
             f"--map names unknown field(s) {sorted(unknown)}; fields are {', '.join(FIELDS)}"
         )
     # a preset turns each row into prompt fields first; --map and --task still win
-    chosen, explicit = _find_preset(preset) if preset else None, mapping or {}
+    chosen = _find_preset(preset) if preset else None
     if chosen:
-        task, mapping = task or chosen.task, {}
+        task = task or chosen.task
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
         raise IngestError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    source = str(path.resolve())
+    rows = iter_source(path, fmt, split)
+    return ingest_rows(lake, rows, str(path.resolve()), dataset, split, mapping, task, chosen)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise IngestError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+
+
+def ingest_rows(
+    lake: Lake,
+    rows: Iterable[RawRow],
+    source: str,
+    dataset: str,
+    split: str = "train",
+    mapping: dict[str, str] | None = None,
+    task: str | None = None,
+    chosen: Any = None,
+) -> IngestReport:
+    """Ingest rows read from `source` (a file, or a generator's description) into `prompts`;
+    bad rows go to `rejects`. `chosen`: a preset that turns each record into prompt fields."""
+    _check_split(split)
+    explicit = mapping or {}
+    if chosen:
+        mapping = {}
     report = IngestReport(source=source)
     stamp = now()
 
@@ -398,7 +421,7 @@ def ingest(
         report.reasons[reason.split(":")[0]] += 1
         rejects.append(reject_row(source, row.line, row.raw, reason, dataset))
 
-    for row in iter_source(path, fmt, split):
+    for row in rows:
         report.read += 1
         if row.error:
             reject(row, row.error)

@@ -59,6 +59,8 @@ def threads_bind(cpus: list[int] | None = None) -> str | None:
     if not cpus or len(cpus) > SMALL_MACHINE_CPUS:
         return None
     return ",".join(str(c) for c in cpus)
+
+
 KV_MEMORY_SHARE = 0.25  # most of the host's available memory the KV cache may take
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 

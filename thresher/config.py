@@ -53,7 +53,10 @@ class SamplingConfig(_Strict):
     top_p: float = Field(0.9, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 turns top-k off")
     max_tokens: int = Field(512, ge=1)
-    stop: list[str] = Field(default_factory=list)
+    stop: list[str] = Field(
+        default_factory=list,
+        description='strings that end an answer, kept in it (e.g. ["</answer>"])',
+    )
     seed: int = Field(0, description="engine seed (vLLM's LLM(seed=...))")
     chat: bool = Field(
         True,
@@ -214,7 +217,7 @@ class VerifyConfig(_Strict):
                     f"held-out evaluation would rest only on {', '.join(names)} ({where}), "
                     "which judge without a reference: the round would be measured by the "
                     "signal it trained on. Set eval.verify to a verifier that checks the "
-                    "prompt's reference (math, exact, choice, code or judge)"
+                    "prompt's reference (math, exact, choice, code, judge or reasoning_gym)"
                 )
             return out
 
@@ -641,10 +644,11 @@ class TrainSettings(_Strict):
     )
 
     packing: bool = Field(
-        False,
+        True,
         description="pack each micro-batch's examples into as few rows as fit in its longest "
         "example's length (best-fit decreasing), each example with its own positions and no "
-        "attention across examples: the same loss and gradients with less padding",
+        "attention across examples: the same loss and gradients with less padding (how rows "
+        "are laid out, not what is learned: not part of a run's identity)",
     )
 
     mix: list[MixSource] | None = Field(
@@ -661,14 +665,14 @@ class TrainSettings(_Strict):
 
     @model_serializer(mode="wrap")
     def _no_mix_no_keys(self, handler):
-        # configs without a mix (or packing) dump, and so identify their runs, as before
-        # those settings existed
+        # configs without a mix (or with packing as by default) dump, and so identify their
+        # runs, as before those settings existed
         out = handler(self)
         if isinstance(out, dict):
             if self.mix is None:
                 out.pop("mix", None)
                 out.pop("mix_rows", None)
-            if not self.packing:
+            if self.packing:
                 out.pop("packing", None)
         return out
 
@@ -809,7 +813,8 @@ class BootstrapEvalConfig(_Strict):
         None,
         description="verifiers of the held-out metrics (and so of the stop rule, rollback "
         "and report); default: training's verifiers that check a reference (math, exact, "
-        "choice, code, judge), every one of them passing (training's rule is not used)",
+        "choice, code, judge, reasoning_gym), every one of them passing (training's rule is "
+        "not used)",
     )
     also: list[ForgettingCheckConfig] = Field(
         default_factory=list,

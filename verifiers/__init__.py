@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from thresher.verifiers.base import Verifier, class_path, registered
 
-BUILT_IN = ("exact", "math_answer", "rules", "code", "reward", "judge", "majority")
+BUILT_IN = ("exact", "math_answer", "rules", "code", "reward", "judge", "majority", "envs")
 ENTRY_POINT_GROUP = "thresher.verifiers"
 _LOCK = threading.RLock()  # reentrant: a plugin's module may call registry() as it loads
 _LOADED = {"built_in": False, "plugins": False}

@@ -166,7 +166,7 @@ class _Batch:
     def _read(self, w: _Worker) -> None:
         lines = w.lines()
         if lines is None:
-            self._finish(w, Verdict(0.0, False, "math worker died while judging this answer"))
+            self._finish(w, Verdict(0.0, False, "verifier worker died while judging this answer"))
             self._replace(w)
             return
         for line in lines:
@@ -177,7 +177,7 @@ class _Batch:
                 try:
                     score, passed, reason = json.loads(line)
                 except ValueError:
-                    self._finish(w, Verdict(0.0, False, "math worker sent a malformed reply"))
+                    self._finish(w, Verdict(0.0, False, "verifier worker sent a malformed reply"))
                     self._replace(w)
                     return
                 self._finish(w, Verdict(score, passed, reason))
@@ -236,8 +236,9 @@ def worker_pool() -> WorkerPool:
         return _POOL
 
 
-def check_in_workers(jobs: list[tuple], timeout_s: float) -> list[tuple[Verdict, float]]:
-    """(verdict, elapsed ms) per (text, reference, pattern), each killed after timeout_s."""
+def check_in_workers(jobs: list, timeout_s: float) -> list[tuple[Verdict, float]]:
+    """(verdict, elapsed ms) per job, each killed after timeout_s: a (text, reference,
+    pattern) math job, or a dict job of another verifier (`kind` names it)."""
     return worker_pool().check(jobs, timeout_s)
 
 
@@ -254,6 +255,16 @@ def _limit_memory() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard == resource.RLIM_INFINITY or hard > _MEMORY_LIMIT:
         resource.setrlimit(resource.RLIMIT_AS, (_MEMORY_LIMIT, hard))
+
+
+def _other_job(job: dict) -> Verdict:
+    """A job of a verifier that shares these workers (their deadlines and memory limit)."""
+    kind = job.get("kind")
+    if kind == "reasoning_gym":
+        from thresher.verifiers.envs import score_in_worker
+
+        return score_in_worker(job)
+    return Verdict(0.0, False, f"unknown worker job kind {kind!r}")
 
 
 def main() -> None:
@@ -273,11 +284,15 @@ def main() -> None:
     reply.write(_READY + "\n")
     reply.flush()
     for line in sys.stdin:
-        text, reference, pattern = json.loads(line)
-        try:
-            verdict = check_full(text, reference, pattern)
-        except Exception as e:  # a bug or odd input: this candidate fails, the worker lives
-            verdict = Verdict(0.0, False, f"math verifier error: {type(e).__name__}")
+        job = json.loads(line)
+        if isinstance(job, dict):  # another verifier's job: {"kind": ..., its fields}
+            verdict = _other_job(job)
+        else:
+            text, reference, pattern = job
+            try:
+                verdict = check_full(text, reference, pattern)
+            except Exception as e:  # a bug or odd input: this candidate fails, the worker lives
+                verdict = Verdict(0.0, False, f"math verifier error: {type(e).__name__}")
         reply.write(json.dumps([verdict.score, verdict.passed, verdict.reason]) + "\n")
         reply.flush()
 

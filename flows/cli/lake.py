@@ -44,6 +44,13 @@ def _ingest_help() -> str:
         "class (LeetCode's `class Solution`) are rejected: their tests need the code "
         "verifier's isolation: shared. Aliases: Hub ids (openai/gsm8k, deepmind/code_contests, "
         "BAAI/TACO ...), human-eval, competition_math, math-500, mbpp-sanitized, code_contests."
+        "\n\n"
+        "--from reasoning-gym generates prompts instead of reading a file: PATH is "
+        "TASK[,TASK...] (reasoning-gym's generator names) or a YAML file (tasks: {NAME: "
+        "{weight, config}}, size, seed, mixture, instruction). Each entry keeps its generator, "
+        "config, seed and the whole entry in meta, for the `reasoning_gym` verifier; the task "
+        "column is the generator's name. Example: thresher ingest --from reasoning-gym "
+        "chain_sum,leg_counting --size 200 --seed 1 --set chain_sum.max_terms=3 -d rg"
     )
 
 
@@ -52,7 +59,8 @@ def ingest(
     path: Annotated[
         Path,
         typer.Argument(
-            help="JSONL, JSON, CSV or Parquet file, or a folder saved with datasets' save_to_disk."
+            help="JSONL, JSON, CSV or Parquet file, or a folder saved with datasets' "
+            "save_to_disk; with --from: TASK[,TASK...] or a YAML file of tasks."
         ),
     ],
     dataset: Annotated[
@@ -91,6 +99,27 @@ def ingest(
             show_default=False,
         ),
     ] = None,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Generate prompts with an environment instead: reasoning-gym.",
+            show_default=False,
+        ),
+    ] = None,
+    size: Annotated[
+        int | None,
+        typer.Option(min=1, help="With --from: entries per task (a mixture: in all) [100]."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="With --from: the generators' seed [0].")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="With --from: task.key=value, a generator setting (e.g. "
+            "chain_sum.max_terms=3). Repeatable.",
+        ),
+    ] = None,
     lake: LakeOption = None,
 ) -> None:
     """Load prompts into the lake (see the command's help text)."""
@@ -98,18 +127,29 @@ def ingest(
     from thresher.ingest.load import ingest as do_ingest
     from thresher.stores.lake import Lake
 
+    generated = (size, seed, set_)
+    if env is None and any(v is not None for v in generated):
+        fail("--size, --seed and --set go with --from (a generated source)", code=2)
+    if env is not None and (map_ or task or fmt or preset):
+        fail("--from generates its own prompt fields: drop --map, --task, --format, --preset", 2)
     try:
-        mapping = parse_mapping(map_ or [])
-        report = do_ingest(
-            Lake(lake),
-            path,
-            dataset,
-            split.value,
-            mapping,
-            task,
-            fmt.value if fmt else None,
-            preset,
-        )
+        if env is not None:
+            from thresher.ingest.envs import ingest_env, parse_spec
+
+            spec = parse_spec(str(path), size, seed, set_)
+            report = ingest_env(Lake(lake), env, spec, dataset, split.value)
+        else:
+            mapping = parse_mapping(map_ or [])
+            report = do_ingest(
+                Lake(lake),
+                path,
+                dataset,
+                split.value,
+                mapping,
+                task,
+                fmt.value if fmt else None,
+                preset,
+            )
     except IngestError as e:
         fail(str(e))
     typer.echo(

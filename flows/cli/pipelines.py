@@ -133,12 +133,19 @@ def eval_cmd(
             "--verifier",
             "-v",
             help="Verifier(s) that decide a pass (default: math). Held-out metrics should "
-            "check the reference (math, exact, choice, code, judge); majority, reward, format "
+            "check the reference (math, exact, choice, code, judge, reasoning_gym); majority, "
+            "reward, format "
             "and regex alone draw a warning.",
         ),
     ] = None,
     temperature: float = 0.7,
     max_tokens: int = 512,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A string that ends an answer, kept in it (repeatable; e.g. '</answer>')."
+        ),
+    ] = None,
     round_: Annotated[int, typer.Option("--round", help="Round this model belongs to.")] = 0,
     limit: Annotated[int | None, typer.Option(help="At most this many prompts.")] = None,
     dtype: Annotated[str, typer.Option(help="Engine dtype.")] = "auto",
@@ -165,7 +172,12 @@ def eval_cmd(
             n=n,
             ks=k or [1, 8],
             prompts={"dataset": dataset, "split": split.value, "limit": limit},
-            sampling={"k": 1, "temperature": temperature, "max_tokens": max_tokens},
+            sampling={
+                "k": 1,
+                "temperature": temperature,
+                "max_tokens": max_tokens,
+                "stop": stop or [],
+            },
             engine={"dtype": dtype, "max_model_len": max_model_len},
             verify={"verifiers": verifier or ["math"]},
             executor=executor or "local",

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
+import pytest
 import yaml
 
+from thresher.evaluators.report import gain_by_task, task_pass_by_round
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
@@ -140,6 +143,26 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
         assert 1 <= entry["monitors"]["distinct_answers"] <= 6
     page = write_report(lake, tmp_path / "report", name="e2e").read_text()
     assert "<h2>Monitors</h2>" in page and (tmp_path / "report" / "monitors.png").exists()
+
+    # per-task pass@1 with intervals, from the evaluations' own candidates and verdicts:
+    # the overall figure is the one the evaluation recorded, and round 2's gain over the
+    # base model is the difference of the two on the same prompts
+    recorded = dict(
+        lake.query(
+            "SELECT round, value FROM evals WHERE task = 'all' AND split = 'eval' "
+            "AND metric = 'pass@1'"
+        ).rows()
+    )
+    overall = task_pass_by_round(lake, "e2e").filter(pl.col("task") == "all")
+    assert overall["round"].to_list() == [0, 1, 2]
+    for row in overall.iter_rows(named=True):
+        assert row["pass_at_1"] == pytest.approx(recorded[row["round"]])
+        assert row["low"] <= row["pass_at_1"] <= row["high"] and row["prompts"] == 20
+    gain = gain_by_task(lake, "e2e").row(0, named=True)
+    assert (gain["task"], gain["round"], gain["prompts"]) == ("all", 2, 20)
+    assert gain["gain"] == pytest.approx(recorded[2] - recorded[0])
+    assert gain["low"] <= gain["gain"] <= gain["high"]
+    assert "<h2>Per task</h2>" in page
 
     # re-running the same command samples, trains and evaluates nothing new
     before = {

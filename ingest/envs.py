@@ -1,0 +1,194 @@
+"""Prompts from procedural environments (reasoning-gym): each generated entry becomes a prompt
+whose meta keeps the whole entry, the generator, its config and seed, so that the task's own
+scorer can judge answers later (the `reasoning_gym` verifier)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from thresher.ingest.load import IngestError, IngestReport, RawRow, ingest_rows
+from thresher.stores.lake import Lake
+
+ENVIRONMENTS = ("reasoning-gym",)
+INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
+MISSING = (
+    "reasoning-gym is not installed: pip install 'thresher[envs]' "
+    "(or pip install reasoning-gym==0.1.25; one of its dependencies, pycosat, needs a C compiler)"
+)
+
+
+class TaskSpec(BaseModel):
+    """One generator of the mixture: its weight and config (reasoning-gym's own fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight: float = Field(1.0, gt=0, description="share of a mixture (with `mixture: true`)")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvSpec(BaseModel):
+    """What to generate: tasks, entries per task (or in all, for a mixture), seed, wording."""
+
+    model_config = ConfigDict(extra="forbid")
+    tasks: dict[str, TaskSpec] = Field(min_length=1)
+    size: int = Field(100, ge=1, description="entries per task; with mixture: in all")
+    seed: int = 0
+    mixture: bool = Field(
+        False, description="one weighted mixture of `size` entries (reasoning-gym's composite)"
+    )
+    instruction: str = Field(INSTRUCTION, description="appended to every question")
+
+
+def parse_spec(
+    what: str,
+    size: int | None = None,
+    seed: int | None = None,
+    settings: list[str] | None = None,
+    instruction: str | None = None,
+) -> EnvSpec:
+    """An EnvSpec from `TASK[,TASK...]` or a YAML file, with command-line values on top
+    (`settings`: task.key=value, the value read as YAML)."""
+    path = Path(what)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.exists():
+            raise IngestError(f"{path}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise IngestError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise IngestError(f"{path}: expected a mapping with tasks, size, seed")
+    else:
+        names = [t.strip() for t in what.split(",") if t.strip()]
+        if not names:
+            raise IngestError("name at least one task, e.g. chain_sum,leg_counting")
+        data = {"tasks": {name: {} for name in names}}
+    tasks = data.get("tasks")
+    if isinstance(tasks, list):  # a list of names, or of {name, weight, config}
+        data["tasks"] = {
+            (t if isinstance(t, str) else t.get("name")): ({} if isinstance(t, str) else t)
+            for t in tasks
+        }
+        for spec in data["tasks"].values():
+            spec.pop("name", None)
+    for key, value in (("size", size), ("seed", seed), ("instruction", instruction)):
+        if value is not None:
+            data[key] = value
+    for item in settings or []:
+        name, _, value = item.partition("=")
+        task, _, key = name.partition(".")
+        if not (task and key and _):
+            raise IngestError(f"--set {item!r}: write task.key=value, e.g. chain_sum.max_terms=3")
+        if task not in (data.get("tasks") or {}):
+            raise IngestError(f"--set {item!r}: {task} is not one of the tasks")
+        data["tasks"][task].setdefault("config", {})[key] = yaml.safe_load(value)
+    try:
+        return EnvSpec.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise IngestError(f"bad reasoning-gym spec: {problems}") from None
+
+
+def _import():
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise IngestError(MISSING) from None
+    return reasoning_gym
+
+
+def json_safe(value: Any) -> Any:
+    """The value as JSON can carry it: tuples and sets as lists, numpy scalars as numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((json_safe(v) for v in value), key=repr)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "item"):  # numpy scalars
+        return json_safe(value.item())
+    if hasattr(value, "tolist"):
+        return json_safe(value.tolist())
+    return str(value)
+
+
+def generate(spec: EnvSpec) -> Iterator[dict]:
+    """Prompt records for every entry the spec asks for, in a fixed order."""
+    rg = _import()
+    from reasoning_gym.factory import DATASETS
+
+    unknown = sorted(set(spec.tasks) - set(DATASETS))
+    if unknown:
+        raise IngestError(
+            f"unknown reasoning-gym task(s) {unknown}; there are {len(DATASETS)}, e.g. "
+            f"{', '.join(sorted(DATASETS)[:8])} ... (python -c 'import reasoning_gym.factory as f;"
+            " print(sorted(f.DATASETS))')"
+        )
+    if spec.mixture:
+        from reasoning_gym.composite import DatasetSpec
+
+        parts = [
+            DatasetSpec(name=n, weight=t.weight, config=t.config) for n, t in spec.tasks.items()
+        ]
+        datasets = [("composite", _create(rg, "composite", spec, datasets=parts))]
+    else:
+        datasets = [(n, _create(rg, n, spec, **t.config)) for n, t in spec.tasks.items()]
+    for name, ds in datasets:
+        for index in range(len(ds)):
+            entry = ds[index]
+            source = name
+            if name == "composite":
+                source = entry["metadata"].get("source_dataset", name)
+            yield {
+                "prompt": f"{entry['question']}\n\n{spec.instruction}".strip(),
+                "task": source,
+                "answer": None if entry.get("answer") is None else str(entry["answer"]),
+                "meta": {
+                    "env": "reasoning-gym",
+                    "generator": source,
+                    "config": json_safe(spec.tasks[source].config),
+                    "seed": spec.seed,
+                    "index": index,
+                    **({"mixture": True} if name == "composite" else {}),
+                    "entry": json_safe(entry),
+                },
+            }
+
+
+def _create(rg, name: str, spec: EnvSpec, **config: Any):
+    try:
+        return rg.create_dataset(name, size=spec.size, seed=spec.seed, **config)
+    except (TypeError, ValueError, AssertionError, KeyError) as e:
+        raise IngestError(f"reasoning-gym {name}: bad config {config}: {e}") from None
+
+
+def describe(spec: EnvSpec) -> str:
+    """The ingest source string: environment, tasks with their configs, size and seed."""
+    tasks = json.dumps({n: t.model_dump() for n, t in spec.tasks.items()}, sort_keys=True)
+    mixture = ", mixture" if spec.mixture else ""
+    return f"reasoning-gym:{tasks} size={spec.size} seed={spec.seed}{mixture}"
+
+
+def ingest_env(
+    lake: Lake, env: str, spec: EnvSpec, dataset: str, split: str = "train"
+) -> IngestReport:
+    """Generate the spec's entries and ingest them as prompts (bad ones go to `rejects`)."""
+    if env not in ENVIRONMENTS:
+        raise IngestError(f"--from must be one of {', '.join(ENVIRONMENTS)}, got {env!r}")
+    rows = (
+        RawRow(line=i, raw=json.dumps(record, ensure_ascii=False, default=str), record=record)
+        for i, record in enumerate(generate(spec), start=1)
+    )
+    return ingest_rows(lake, rows, describe(spec), dataset, split)
