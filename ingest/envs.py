@@ -175,10 +175,17 @@ def _create(rg, name: str, spec: EnvSpec, **config: Any):
 
 
 def describe(spec: EnvSpec) -> str:
-    """The ingest source string: environment, tasks with their configs, size and seed."""
-    tasks = json.dumps({n: t.model_dump() for n, t in spec.tasks.items()}, sort_keys=True)
-    mixture = ", mixture" if spec.mixture else ""
-    return f"reasoning-gym:{tasks} size={spec.size} seed={spec.seed}{mixture}"
+    """The ingest source string: environment, tasks, size, seed and a digest of the tasks'
+    weights and configs (each row's meta has its config in full). Short and free of quotes,
+    so that it can be pasted into a shell's SQL."""
+    from thresher.ids import content_id
+
+    settings = content_id("env", {n: t.model_dump() for n, t in spec.tasks.items()})[:8]
+    mixture = " mixture" if spec.mixture else ""
+    return (
+        f"reasoning-gym:{','.join(spec.tasks)} size={spec.size} seed={spec.seed}{mixture} "
+        f"settings={settings}"
+    )
 
 
 def ingest_env(
