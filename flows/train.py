@@ -61,6 +61,18 @@ def train_run_name() -> str:
     return f"train {c.get('name', '?')} model {c.get('round', 0) + 1}"
 
 
+def no_rows_message(cfg: TrainConfig, lake: Lake) -> str:
+    """Why there is nothing to train on: the round's drop reasons with their counts."""
+    from thresher.stores.queries import drop_counts
+
+    if cfg.data.path or cfg.mix:
+        return "no training rows: the data the config names is empty"
+    round_ = cfg.data.round if cfg.data.round is not None else cfg.round
+    drops = drop_counts(lake, cfg.data.pipeline, round_)
+    why = ", ".join(f"{n} {reason}" for reason, n in drops.items()) or "no candidates"
+    return f"no training rows: round {round_} kept nothing ({why}; see the funnel view)"
+
+
 @flow(name="train", flow_run_name=train_run_name)
 def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
@@ -86,7 +98,7 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
     else:
         rows = load_rows(cfg, lake)
     if not rows:
-        raise ValueError("no training rows: the round kept nothing (see the funnel view)")
+        raise ValueError(no_rows_message(cfg, lake))
     run_id = train_run_id(cfg, rows)
     done = finished_training(lake, run_id)
     if done:

@@ -19,12 +19,13 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def ngram_keys(text: str, n: int) -> set[bytes]:
-    """Hashed word n-grams of `text`; a text shorter than n words is one key, whole."""
+def ngram_keys(text: str, n: int | None) -> set[bytes]:
+    """Hashed word n-grams of `text`; a text shorter than n words (any text, when n is None)
+    is one key, whole."""
     toks = words(text)
     if not toks:
         return set()
-    if len(toks) < n:
+    if n is None or len(toks) < n:
         grams = [" ".join(toks)]
     else:
         grams = [" ".join(toks[i : i + n]) for i in range(len(toks) - n + 1)]
@@ -33,9 +34,10 @@ def ngram_keys(text: str, n: int) -> set[bytes]:
 
 @dataclass
 class EvalIndex:
-    """Evaluation items indexed by word n-grams (and optionally MinHash signatures)."""
+    """Evaluation items indexed by word n-grams, or whole when n is None (and optionally
+    MinHash signatures)."""
 
-    n: int = 13
+    n: int | None = 13
     minhash_threshold: float | None = None
     grams: dict[bytes, str] = field(default_factory=dict)  # n-gram -> eval item id
     ids: list[str] = field(default_factory=list)
@@ -50,10 +52,14 @@ class EvalIndex:
         if self.minhash_threshold is not None and items:
             from thresher.selection.minhash import signatures
 
-            sigs = signatures([t for _, t in items], shingle_size=min(self.n, 5), lowercase=True)
+            sigs = signatures([t for _, t in items], shingle_size=self._shingle, lowercase=True)
             self.sigs = sigs if self.sigs is None else np.vstack([self.sigs, sigs])
             self.ids += [i for i, _ in items]
         return self
+
+    @property
+    def _shingle(self) -> int:
+        return min(self.n or 5, 5)
 
     def __len__(self) -> int:
         return len(self.grams)
@@ -72,7 +78,7 @@ class EvalIndex:
             from thresher.selection.minhash import signatures
 
             todo = [i for i, h in enumerate(out) if h is None]
-            sigs = signatures([texts[i] for i in todo], shingle_size=min(self.n, 5), lowercase=True)
+            sigs = signatures([texts[i] for i in todo], shingle_size=self._shingle, lowercase=True)
             for i, sig in zip(todo, sigs, strict=True):
                 sim = (self.sigs == sig).mean(axis=1)
                 best = int(sim.argmax())

@@ -22,7 +22,8 @@ def eval_index(lake: Lake, settings: DecontamConfig):
         return None
     key = content_id(lake.location, settings.model_dump(), eval_prompt_count(lake))
     if key not in _EVAL_INDEXES:
-        index = EvalIndex(n=settings.ngram, minhash_threshold=settings.minhash_threshold)
+        n = None if settings.exact else settings.ngram
+        index = EvalIndex(n=n, minhash_threshold=settings.minhash_threshold)
         index.add(eval_items(lake, settings.eval_datasets))
         for path in settings.files:
             index.add(file_items(path))

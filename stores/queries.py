@@ -375,6 +375,19 @@ def current_selection_id(lake: Lake, name: str | None, round_: int) -> str | Non
     return rows["sid"][0] if rows.height else None
 
 
+def drop_counts(lake: Lake, name: str | None, round_: int) -> dict[str, int]:
+    """How many of round `round_`'s candidates (of pipeline `name`, or any) each drop reason removed
+    (reasons without their detail: `contaminated`, not `contaminated:<item>`), most first."""
+    rows = lake.query(
+        """SELECT split_part(drop_reason, ':', 1) AS reason, count(*) AS n
+           FROM current_selections
+           WHERE (CAST(? AS VARCHAR) IS NULL OR pipeline = ?) AND round = ? AND NOT kept
+           GROUP BY 1 ORDER BY n DESC, reason""",
+        [name, name, round_],
+    )
+    return dict(zip(rows["reason"].to_list(), rows["n"].to_list(), strict=True))
+
+
 def selection_outcomes(lake: Lake, selection_id: str):
     """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted,
     n_tokens and the model that sampled it."""

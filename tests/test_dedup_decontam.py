@@ -226,6 +226,32 @@ def test_planted_eval_item_is_caught(lake, tmp_path):
     ]
 
 
+def test_exact_decontamination_ignores_a_shared_template():
+    template = (
+        "State the final answer to the following arithmetic problem: {} =\n\n"
+        "Give only the final answer between <answer> and </answer> tags."
+    )
+    items = [("e1", template.format("4 + 3 - 2")), ("e2", template.format("9 - 1"))]
+    train = [template.format("4 + 3"), template.format("9  -  1").upper(), "9 - 1"]
+    # 13-grams that are mostly template flag a different question ...
+    assert EvalIndex(n=13).add(items).match(train)[0] == "e1"
+    # ... only the same question, whole, counts when matching exactly
+    assert EvalIndex(n=None).add(items).match(train) == [None, "e2", None]
+
+
+def test_a_round_that_kept_nothing_says_why(lake):
+    from thresher.config import TrainConfig
+    from thresher.flows.train import no_rows_message
+
+    seed_prompt(lake, "leak", ["It is 11.", "11"], prompt="What is 6 + 5?")
+    seed_prompt(lake, "hard", ["no", "no", "no"], passed=[False] * 3)
+    select(lake, ["leak", "hard"], eval_index=EvalIndex(n=None).add([("e", "what is 6+5 ?")]))
+    cfg = TrainConfig(name="t", base_model="m", data={"round": 0})
+    assert no_rows_message(cfg, lake) == (
+        "no training rows: round 0 kept nothing (3 failed, 2 contaminated; see the funnel view)"
+    )
+
+
 def test_minhash_decontamination_catches_near_copies():
     item = " ".join(solution(60))
     near = item.split()

@@ -249,9 +249,22 @@ class DecontamConfig(_Strict):
     )
     files: list[str] = Field(default_factory=list, description="more JSONL/text files to check")
     ngram: int = Field(13, ge=1, description="word n-gram overlap that counts as contamination")
+    exact: bool = Field(
+        False,
+        description="only a whole text equal to an eval item (case and spacing aside) counts: "
+        "for templated tasks, whose different questions share long n-grams",
+    )
     minhash_threshold: float | None = Field(
         None, gt=0, lt=1, description="also drop near matches at this estimated Jaccard"
     )
+
+    @model_serializer(mode="wrap")
+    def _ngram_keys_as_before(self, handler):
+        # n-gram matching (the default) dumps, and so identifies selections, as before `exact`
+        out = handler(self)
+        if isinstance(out, dict) and not self.exact:
+            out.pop("exact", None)
+        return out
 
 
 class SelectConfig(_Strict):
