@@ -206,6 +206,9 @@ def test_without_tags_thresher_finds_the_answer_and_says_so():
     text = f"The sum works out. The answer is {record['answer']}."
     row = get_verifier("reasoning_gym").run(_batch([record], [text])).row(0, named=True)
     assert row["passed"] and "no <answer> tags; thresher's answer finding" in row["reason"]
+    # the last number without the comma after it (a model's "6, which is ...")
+    said = f"The sum of them is {record['answer']}, which I checked."
+    assert get_verifier("reasoning_gym").run(_batch([record], [said]))["passed"][0]
     none = get_verifier("reasoning_gym").run(_batch([record], ["I do not know."]))
     assert not none["passed"][0] and "no answer found" in none["reason"][0]
 

@@ -50,6 +50,8 @@ def _batch(pairs: list[tuple[str, str]]) -> pl.DataFrame:
         ("so the probability is 2/3", r"\frac{2}{3}"),  # a plain expression in prose
         ("1 000", "1000"),
         ("It costs 2,74 $ a kilo", "2.74"),  # decimal comma in prose
+        ("so 7 + 4 = 11.", "11"),  # the arithmetic done
+        ("x = 2^10", "1024"),  # a power is a value's form
     ],
 )
 def test_equivalent_forms_pass(text, reference):
@@ -194,6 +196,11 @@ def test_matrices(text, passed):
         (r"\boxed{x = 2 \text{ or } x = 3}", "x = 2", "hedged"),
         (r"\boxed{1 \pm \sqrt{2}}", r"1 + \sqrt{2}", "hedged"),
         (r"\boxed{(1, 2)} \boxed{(2, 1)}", "(1, 2)", "hedged"),
+        # the question restated, its arithmetic left undone (SmolLM2 on reasoning-gym)
+        ("93 - 76 =", "17", "arithmetic left undone"),
+        ("Calculate 3 * -2.", "-6", "arithmetic left undone"),
+        ("The answer is 9 + 3", "12", "arithmetic left undone"),
+        (r"\boxed{3+9}", "12", "arithmetic left undone"),
         ("I could not solve it.", "2", "no final answer"),
         (r"\boxed{2}", None, "no reference"),
     ],

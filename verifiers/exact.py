@@ -39,6 +39,7 @@ class ExactMatch(Verifier):
 
     name = "exact"
     uses_reference = True
+    version = 2  # 2: the last number without a comma after it ("6, which ..." reads 6)
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row of `batch` (columns candidate_id, text, answer)."""

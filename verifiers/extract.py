@@ -202,7 +202,7 @@ def final_answers(text: str, pattern: str | None = None) -> tuple[list[str], str
         return found, how
     found = NUMBER.findall(text)
     if found:
-        return [found[-1]], "last number"
+        return [found[-1].rstrip(",")], "last number"  # "6, which ..." reads 6
     return [], "nothing"
 
 

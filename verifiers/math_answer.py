@@ -47,6 +47,10 @@ _BEFORE = r"(?:(?<=\s)|(?<==)|(?<=\*\*)|^)[$€£¥₹]?"
 _PROSE_VALUE = re.compile(rf"{_BEFORE}({_EXPR}|{_NUM}{_PERCENT})")
 _PROSE_NUMBER = re.compile(rf"{_BEFORE}({_NUM}{_PERCENT})")
 _TAIL = 2000
+# arithmetic on plain numbers with a sum, difference or product left to do ("93 - 76",
+# "3 * -2"): the question restated, not its value; a fraction or a power is a value's form
+_PLAIN_ARITHMETIC = re.compile(r"[\d.,()+\-*×÷/^]+")
+_OPERATION = re.compile(r"[\d)][+\-*×÷]")
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,14 @@ def _several(answer: str) -> bool:
     return sum(1 for p in parts if NUMBER.search(p)) > 1
 
 
+def unevaluated(answer: Answer) -> bool:
+    """Plain-number arithmetic with an operation left to do, where a value is expected."""
+    if answer.kind not in ("number", "expr"):
+        return False
+    t = re.sub(r"\s+", "", clean_answer(answer.text))
+    return bool(_PLAIN_ARITHMETIC.fullmatch(t)) and bool(_OPERATION.search(t))
+
+
 def plain_value(answer: Answer) -> Decimal | None:
     """The value of an answer that is a plain number, else None."""
     if answer.kind == "number":
@@ -174,6 +186,10 @@ def quick_verdict(text: str, reference: str | None, pattern: str | None = None) 
     ]
     if listed:
         return Verdict(0.0, False, f"hedged: several values in {quote(listed[0])} ({how})")
+    left = [a.text for a in answers if unevaluated(a)]
+    if left:
+        shown = quote(clean_answer(left[-1]))
+        return Verdict(0.0, False, f"{how}: {shown} is arithmetic left undone, not a value")
     values = [plain_value(a) for a in answers]
     if any(v is None for v in values):
         return None
@@ -343,7 +359,9 @@ class MathAnswer(Verifier):
 
     name = "math"
     uses_reference = True
-    version = 2  # 2: several different "the answer is" statements are a hedge
+    # 2: several different "the answer is" statements are a hedge; 3: plain-number arithmetic
+    # left undone ("93 - 76 =") is not the value it would have
+    version = 3
 
     class Options(Verifier.Options):
         pattern: str | None = Field(None, description="a regex whose group 1 is the answer")
