@@ -435,14 +435,37 @@ def _forgetting_section(lake: Lake, name: str | None) -> list[str]:
     ]
 
 
-def _task_section(lake: Lake, name: str | None) -> list[str]:
-    """Held-out pass@1 per task and round with 95 % intervals, and the last round's gain
-    over the base model on the same prompts."""
+def _plot_tasks(table: pl.DataFrame, path: Path) -> None:
+    fig = _figure()
+    ax = fig.add_subplot()
+    tasks = table["task"].unique(maintain_order=True).to_list()
+    for i, task in enumerate(tasks):
+        rows = table.filter(pl.col("task") == task)
+        rounds = [r + (i - (len(tasks) - 1) / 2) * 0.04 for r in rows["round"].to_list()]
+        mean = rows["pass_at_1"].to_list()
+        low = [m - lo for m, lo in zip(mean, rows["low"].clip(0, 1).to_list(), strict=True)]
+        high = [h - m for m, h in zip(mean, rows["high"].clip(0, 1).to_list(), strict=True)]
+        style = {"color": "k", "linewidth": 2.5} if task == "all" else {}
+        ax.errorbar(rounds, mean, yerr=[low, high], marker="o", capsize=3, label=task, **style)
+    ax.set_ylim(0, None)
+    ax.set_ylabel("held-out pass@1")
+    ax.set_title("Held-out pass@1 per task (95 % intervals)")
+    _round_axis(ax, sorted(set(table["round"].to_list())))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path)
+
+
+def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
+    """Held-out pass@1 per task and round with 95 % intervals (a table and a plot), and the
+    last round's gain over the base model on the same prompts."""
     from thresher.evaluators.report import gain_by_task, task_pass_by_round
 
     table = task_pass_by_round(lake, name) if name is not None else pl.DataFrame()
     if table.is_empty() or table["task"].n_unique() < 2:
+        (out / "tasks.png").unlink(missing_ok=True)
         return []
+    _plot_tasks(table, out / "tasks.png")
+    picture = base64.b64encode((out / "tasks.png").read_bytes()).decode("ascii")
     shown = table.with_columns(
         cell=pl.format(
             "{} [{}, {}]",
@@ -457,6 +480,7 @@ def _task_section(lake: Lake, name: str | None) -> list[str]:
         "<p>Held-out pass@1 of each round's model per task, with its 95 % interval over "
         "prompts (the mean of per-prompt pass rates).</p>",
         _html_table(shown),
+        f'<img alt="Held-out pass@1 per task" src="data:image/png;base64,{picture}">',
     ]
     gain = gain_by_task(lake, name)
     if not gain.is_empty() and gain["round"][0] > 0:
@@ -575,7 +599,7 @@ def _page(
         "candidates.</p>",
         _html_table(table),
         *best_lines,
-        *_task_section(lake, name),
+        *_task_section(lake, name, out),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',

@@ -316,9 +316,7 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
             continue
         if cfg.prompts.split != "eval" or cfg.final:
             continue
-        ids = lake.query("SELECT candidate_id FROM candidates WHERE run_id = ?", [run["run_id"]])[
-            "candidate_id"
-        ].to_list()
+        ids = eval_candidate_ids(lake, cfg)
         counts = pass_counts(lake, ids, cfg.verify.rule, verifier_digests(cfg.as_curate()))
         frames.append(
             counts.with_columns(
@@ -328,6 +326,20 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
     if not frames:
         return pl.DataFrame(schema={"round": pl.Int64, "prompt_id": pl.String, "task": pl.String})
     return pl.concat(frames).select("round", "prompt_id", "task", "n", "c", "rate")
+
+
+def eval_candidate_ids(lake: Lake, cfg) -> list[str]:
+    """The candidates an evaluation judged, by their identity (prompts, model, round, n and
+    sampling): a run that reused another's samples (its verifiers changed) owns none."""
+    from thresher.samplers import expected_ids, sampling_params
+    from thresher.stores.queries import existing_candidates, load_prompts
+
+    cur = cfg.as_curate()
+    p = cur.prompts
+    prompt_ids = load_prompts(lake, p.dataset, p.split, p.limit, p.task)["prompt_id"].to_list()
+    expected = expected_ids(prompt_ids, cur.model_id, cur.round, cfg.n, sampling_params(cur))
+    present = existing_candidates(lake, expected)
+    return [i for i in expected if i in present]
 
 
 def _with_all(rates: pl.DataFrame) -> pl.DataFrame:

@@ -490,3 +490,70 @@ def test_forgetting_checks_and_the_signal_band_are_reported_apart(lake, tmp_path
     page = write_report(lake, tmp_path / "report", "alpha").read_text()
     assert "<h2>Forgetting checks</h2>" in page and "general/eval" in page
     assert "<h2>Prompts with signal</h2>" in page
+
+
+def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
+    """An evaluation re-run with other verifier options samples nothing: its candidates
+    carry the first run's id, and its per-task rates still come from them."""
+    from thresher.config import EvalConfig
+    from thresher.evaluators.report import eval_prompt_rates, task_pass_by_round
+    from thresher.samplers import expected_ids, sampling_params
+    from thresher.verifiers.stage import verifier_digests
+
+    prompts = {"e0": "a", "e1": "a", "e2": "b"}
+    lake.append(
+        "prompts",
+        [
+            {"prompt_id": p, "dataset": "d", "split": "eval", "task": t, "prompt": p}
+            for p, t in prompts.items()
+        ],
+    )
+    first = EvalConfig(
+        name="alpha", model="m0", prompts={"dataset": "d", "split": "eval"}, n=2, ks=[1, 2]
+    )
+    again = first.model_copy(update={"verify": {"verifiers": ["exact"]}})
+    again = EvalConfig(**again.model_dump())
+    cur = again.as_curate()
+    ids = expected_ids(list(prompts), cur.model_id, 0, 2, sampling_params(cur))
+    lake.append(
+        "candidates",
+        [
+            {
+                "candidate_id": c,
+                "prompt_id": list(prompts)[i // 2],
+                "run_id": "eval-first",
+                "round": 0,
+                "model": cur.model_id,
+                "sample_idx": i % 2,
+                "text": "x",
+            }
+            for i, c in enumerate(ids)
+        ],  # fmt: skip
+    )
+    digest = verifier_digests(cur)["exact"]
+    passed = [True, False, True, True, False, False]
+    lake.append(
+        "verdicts",
+        [
+            {
+                "candidate_id": c,
+                "verifier": "exact",
+                "options_digest": digest,
+                "score": float(p),
+                "passed": p,
+                "reason": "",
+                "run_id": "eval-again",
+            }
+            for c, p in zip(ids, passed, strict=True)
+        ],  # fmt: skip
+    )
+    run = _run("eval-again", "evaluate", 0, "alpha") | {"config": again.model_dump_json()}
+    lake.append("runs", [run])
+    rates = eval_prompt_rates(lake, "alpha").sort("prompt_id")
+    assert rates["rate"].to_list() == [0.5, 1.0, 0.0]
+    table = task_pass_by_round(lake, "alpha")
+    assert dict(zip(table["task"], table["pass_at_1"], strict=True)) == {
+        "all": pytest.approx(0.5),
+        "a": 0.75,
+        "b": 0.0,
+    }

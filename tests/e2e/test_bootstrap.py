@@ -162,7 +162,8 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     assert (gain["task"], gain["round"], gain["prompts"]) == ("all", 2, 20)
     assert gain["gain"] == pytest.approx(recorded[2] - recorded[0])
     assert gain["low"] <= gain["gain"] <= gain["high"]
-    assert "<h2>Per task</h2>" in page
+    assert "<h2>Per task</h2>" in page and 'alt="Held-out pass@1 per task"' in page
+    assert (tmp_path / "report" / "tasks.png").read_bytes()[:4] == b"\x89PNG"
 
     # re-running the same command samples, trains and evaluates nothing new
     before = {
