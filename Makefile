@@ -56,7 +56,7 @@ $(SMOLLM2_MODEL)/config.json: | setup
 	$(BIN)/thresher import-gguf smollm2 $(SMOLLM2_MODEL) --dtype bfloat16 --force
 
 # SmolLM2 self-bootstrap rounds on reasoning-gym tasks, judged by the tasks' own scorers
-# (about two hours on 2 CPU cores; stopped, it goes on where it was when run again).
+# (about an hour on 2 CPU cores; stopped, it goes on where it was when run again).
 RG_LAKE ?= lake-rg
 .PHONY: reasoning-gym
 reasoning-gym: $(SMOLLM2_MODEL)/config.json
