@@ -22,8 +22,9 @@ ALLOWED = {
     "selection": {"stores"},
     "trainers": {"stores"},
     # round monitors read answers as the rule verifiers extract them (verifiers.extract) and
-    # similarity as selection's near-duplicate removal hashes it (selection.minhash)
-    "evaluators": {"stores", "verifiers", "selection"},
+    # similarity as selection's near-duplicate removal hashes it (selection.minhash); an
+    # evaluation's candidates are found by the samplers' candidate identity (expected_ids)
+    "evaluators": {"stores", "verifiers", "selection", "samplers"},
     "stores": set(),
 }
 # shared module -> the work packages it may import (lazily, inside a function): the config
