@@ -13,6 +13,9 @@ from thresher.verifiers.exact import check, extract_answer
         ("<answer> 7 </answer>", "7", "<answer>"),
         (" 3 + 4 = 7. The answer is 7.", "7", "'answer is'"),
         ("I think 3 then 5", "5", "last number"),
+        ("So, 0.81 is the final answer between 0.81 and 1.", "0.81", "'answer is'"),
+        ("This is the answer: 4", "4", "'answer is'"),  # no value before the marker
+        ("Thus 12 is my final answer. The answer is 13", "13", "'answer is'"),
         ("no idea", None, "nothing"),
     ],
 )

@@ -201,6 +201,14 @@ def test_matrices(text, passed):
         ("Calculate 3 * -2.", "-6", "arithmetic left undone"),
         ("The answer is 9 + 3", "12", "arithmetic left undone"),
         (r"\boxed{3+9}", "12", "arithmetic left undone"),
+        # a division with a whole-number quotient, restated ("What is 6 / 3?")
+        ("6 / 3", "2", "arithmetic left undone"),
+        ("The answer is 10/10.", "1", "arithmetic left undone"),
+        # the answer stated before its marker, a later number in the sentence (SmolLM2)
+        ("So, 0.81 is the final answer between 0.81 and 1.", "1", "'0.81' is not '1'"),
+        # an equation of plain numbers whose sides differ: a false statement, not its side
+        ("The answer is 1 = 2", "2", "false equation"),
+        ("The answer is 9071 + 2783 = 3124", "3124", "false equation"),
         ("I could not solve it.", "2", "no final answer"),
         (r"\boxed{2}", None, "no reference"),
     ],
@@ -209,6 +217,24 @@ def test_wrong_hedged_and_missing_fail_with_reason(text, reference, reason):
     verdict = MathAnswer().check(text, reference)
     assert not verdict.passed and verdict.score == 0.0
     assert reason in verdict.reason, verdict.reason
+
+
+@pytest.mark.parametrize(
+    "text, reference",
+    [
+        ("So, 0.81 is the final answer between 0.81 and 1.", "0.81"),
+        ("**42** is the answer.", "42"),
+        ("The answer is (1).", "1"),
+        ("So the count is (1).", "1"),
+        ("The answer is 9071 + 2783 = 11854", "11854"),
+        ("The answer is x = 2", "2"),
+        ("The answer is 7/2", r"\frac{7}{2}"),  # a fraction that is not whole stays a value
+        ("The final answer is 5. 5 is the answer.", "5"),  # said twice: no hedge
+    ],
+)
+def test_stated_values_pass(text, reference):
+    verdict = MathAnswer().check(text, reference)
+    assert verdict.passed, verdict.reason
 
 
 def test_custom_pattern():

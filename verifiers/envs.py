@@ -89,7 +89,9 @@ class ReasoningGym(Verifier):
 
     name = "reasoning_gym"
     uses_reference = True
-    version = 2  # 2: the last number without a comma after it ("6, which ..." reads 6)
+    # 2: the last number without a comma after it ("6, which ..." reads 6); 3: "X is the
+    # final answer" reads X
+    version = 3
 
     class Options(Verifier.Options):
         min_score: float = Field(1.0, ge=0, le=1, description="lowest score that passes")

@@ -39,7 +39,9 @@ class ExactMatch(Verifier):
 
     name = "exact"
     uses_reference = True
-    version = 2  # 2: the last number without a comma after it ("6, which ..." reads 6)
+    # 2: the last number without a comma after it ("6, which ..." reads 6); 3: "X is the
+    # final answer" reads X
+    version = 3
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row of `batch` (columns candidate_id, text, answer)."""

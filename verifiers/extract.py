@@ -14,6 +14,10 @@ _TAG_OPEN, _TAG_CLOSE = "<answer>", "</answer>"
 # "the answer is ...", "The final answer is ...", "Final Answer: ...": each statement runs
 # to the next one on its line, or to the end of the line
 _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*", re.IGNORECASE)
+# "0.81 is the final answer": the value stands before its marker (read from a short window
+# before it, so that no scan runs back over the whole text)
+_IS_ANSWER = re.compile(r"\s+is\s+(?:the\s+|my\s+|our\s+)?(?:final\s+)?answer\b", re.IGNORECASE)
+_BEFORE_MARK = 60
 # the words that lead into the next statement ("... 30. So the final answer is 40")
 _LEAD_IN = re.compile(
     r"[\s,;]*(?:(?:so|thus|hence|therefore)\s*,?\s*)?(?:the\s+)?(?:final\s+)?$", re.IGNORECASE
@@ -165,23 +169,39 @@ def marked_answers(text: str, pattern: str | None = None) -> tuple[list[str], st
 
 
 def answer_statements(text: str) -> list[str]:
-    """What each "the answer is ..." statement says, in order; several different ones are a
-    hedge, as several boxes are. A statement runs to the next one on its line, or to the
-    end of the line; one that only leads into the next ("Final Answer: The final answer
-    is 7") is read whole, from its line's first marker."""
+    """What each "the answer is ..." (or "... is the final answer") statement says, in order;
+    several different ones are a hedge, as several boxes are. A statement runs to the next
+    one on its line, or to the end of the line; one that only leads into the next ("Final
+    Answer: The final answer is 7") is read whole, from its line's first marker; "X is the
+    answer" says the word or number X just before its marker."""
     out = []
     for line in text.split("\n"):
         marks = list(_ANSWER_IS.finditer(line))
-        if not marks:
+        befores = [(m.start(), _word_before(line, m.start())) for m in _IS_ANSWER.finditer(line)]
+        befores = [(at, word) for at, word in befores if word]
+        if not marks and not befores:
             continue
+        ends = sorted([m.start() for m in marks] + [at - len(w) for at, w in befores])
         said = []
-        for mark, after in zip(marks, [*marks[1:], None], strict=True):
-            part = line[mark.end() : after.start() if after else len(line)]
-            said.append((_LEAD_IN.sub("", part) if after else part).strip().rstrip(".").rstrip())
-        if len(said) > 1 and not any(said[:-1]):
-            said = [line[marks[0].end() :].strip().rstrip(".").rstrip()]
-        out += [s for s in said if s]
+        for mark, after in zip(marks, [*marks[1:], None][: len(marks)], strict=True):
+            end = next((e for e in ends if e >= mark.end()), len(line))
+            part = line[mark.end() : end]
+            leads = after is not None and end == after.start()
+            said.append((mark.end(), (_LEAD_IN.sub("", part) if leads else part).strip()))
+        said = [(at, s.rstrip(".").rstrip()) for at, s in said]
+        if len(said) > 1 and not any(s for _, s in said[:-1]) and not befores:
+            said = [(0, line[marks[0].end() :].strip().rstrip(".").rstrip())]
+        said += befores
+        out += [s for _, s in sorted(said) if s]
     return out
+
+
+def _word_before(line: str, at: int) -> str:
+    """The value just before "is the answer" at `at`: a token with a digit in it, else ''."""
+    window = line[max(0, at - _BEFORE_MARK) : at].split()
+    word = window[-1].strip("*_,;:'\"") if window else ""
+    word = word.rstrip(".")
+    return word if any(c.isdigit() for c in word) else ""
 
 
 def _unwrap_dollars(answer: str) -> str:

@@ -132,7 +132,7 @@ class Judge(Verifier):
 
     name = "judge"
     uses_reference = True
-    version = 1
+    version = 2  # 2: the answer shown is found as the rule verifiers find it ("X is the answer")
     uses_device = True
     ranks = False
     # a request that fails after its retries fails the batch, never a verdict

@@ -185,6 +185,7 @@ class Majority(Verifier):
     """
 
     name = "majority"
+    version = 2  # 2: answers found the way the rule verifiers find them now ("X is the answer")
     groups = True  # scores a prompt's candidates together: a batch holds all of them
 
     class Options(Verifier.Options):

@@ -8,10 +8,14 @@ processes (`math_workers`) that are killed at the per-candidate deadline.
 
 from __future__ import annotations
 
+import ast
+import itertools
+import operator
 import re
 import time
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from functools import lru_cache
 
 import polars as pl
@@ -51,6 +55,9 @@ _TAIL = 2000
 # "3 * -2"): the question restated, not its value; a fraction or a power is a value's form
 _PLAIN_ARITHMETIC = re.compile(r"[\d.,()+\-*×÷/^]+")
 _OPERATION = re.compile(r"[\d)][+\-*×÷]")
+# a whole-number quotient written as a division ("6 / 3" for 2): the division left undone
+_DIVISION = re.compile(r"\(?(-?\d+)\)?/\(?(-?\d+)\)?")
+_PARENS = re.compile(r"\((-?[\d.,]+)\)")
 
 
 @dataclass(frozen=True)
@@ -155,19 +162,81 @@ def _several(answer: str) -> bool:
 
 
 def unevaluated(answer: Answer) -> bool:
-    """Plain-number arithmetic with an operation left to do, where a value is expected."""
+    """Plain-number arithmetic with an operation left to do, where a value is expected: a
+    sum, difference or product, or a division whose quotient is a whole number."""
     if answer.kind not in ("number", "expr"):
         return False
     t = re.sub(r"\s+", "", clean_answer(answer.text))
-    return bool(_PLAIN_ARITHMETIC.fullmatch(t)) and bool(_OPERATION.search(t))
+    if not _PLAIN_ARITHMETIC.fullmatch(t):
+        return False
+    if _OPERATION.search(t):
+        return True
+    division = _DIVISION.fullmatch(t)
+    if division:
+        top, bottom = int(division.group(1)), int(division.group(2))
+        return abs(bottom) > 1 and top % bottom == 0
+    return False
+
+
+def _arithmetic_value(text: str) -> Fraction | None:
+    """The exact value of a plain number or of plain-number arithmetic, else None."""
+    t = text.strip()
+    plain = _plain_number(t)
+    if plain is not None:
+        return Fraction(plain)
+    if len(t) > 80 or "," in t or not _PLAIN_ARITHMETIC.fullmatch(re.sub(r"\s+", "", t)):
+        return None
+    t = t.replace("×", "*").replace("÷", "/").replace("^", "**")
+    try:
+        return _evaluate(ast.parse(t, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _evaluate(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if type(node.op) in _ARITHMETIC:
+            return _ARITHMETIC[type(node.op)](left, right)
+        if isinstance(node.op, ast.Div):
+            return left / right
+        if isinstance(node.op, ast.Pow) and right.denominator == 1 and abs(right) <= 64:
+            return left ** int(right)
+    raise ValueError("not plain arithmetic")
+
+
+def false_equation(answer: Answer) -> str:
+    """Why an answer is an equation of plain numbers whose sides differ ("1 = 2",
+    "9071 + 2783 = 3124"), or '' when it is not one."""
+    if answer.kind not in ("number", "expr") or "=" not in answer.text:
+        return ""
+    sides = [side for side in clean_answer(answer.text).split("=")]
+    values = [_arithmetic_value(side) for side in sides]
+    known = [(side.strip(), v) for side, v in zip(sides, values, strict=True) if v is not None]
+    for (a, x), (b, y) in itertools.pairwise(known):
+        if x != y:
+            return f"{quote(a)} is not {quote(b)}"
+    return ""
 
 
 def plain_value(answer: Answer) -> Decimal | None:
-    """The value of an answer that is a plain number, else None."""
+    """The value of an answer that is a plain number ("(1)" too), else None."""
+    text = clean_answer(answer.text)
+    inner = _PARENS.fullmatch(text)
+    if inner:
+        text = inner.group(1)
     if answer.kind == "number":
-        return _plain_number(answer.text, decimal_comma=True)
+        return _plain_number(text, decimal_comma=True)
     if answer.kind == "expr":
-        return _plain_number(clean_answer(answer.text))
+        return _plain_number(text)
     return None
 
 
@@ -186,6 +255,10 @@ def quick_verdict(text: str, reference: str | None, pattern: str | None = None) 
     ]
     if listed:
         return Verdict(0.0, False, f"hedged: several values in {quote(listed[0])} ({how})")
+    false = [(a.text, why) for a in answers if (why := false_equation(a))]
+    if false:
+        shown = quote(clean_answer(false[-1][0]))
+        return Verdict(0.0, False, f"{how}: {shown} is a false equation ({false[-1][1]})")
     left = [a.text for a in answers if unevaluated(a)]
     if left:
         shown = quote(clean_answer(left[-1]))
@@ -360,8 +433,10 @@ class MathAnswer(Verifier):
     name = "math"
     uses_reference = True
     # 2: several different "the answer is" statements are a hedge; 3: plain-number arithmetic
-    # left undone ("93 - 76 =") is not the value it would have
-    version = 3
+    # left undone ("93 - 76 =") is not the value it would have; 4: "X is the final answer"
+    # reads X, a false equation of plain numbers ("1 = 2") fails, a whole-number division
+    # left undone ("6 / 3") is not a value, "(1)" reads 1
+    version = 4
 
     class Options(Verifier.Options):
         pattern: str | None = Field(None, description="a regex whose group 1 is the answer")

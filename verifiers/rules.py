@@ -25,7 +25,9 @@ class Choice(Verifier):
 
     name = "choice"
     uses_reference = True
-    version = 2  # 2: every "the answer is" statement counts, not only the last
+    # 2: every "the answer is" statement counts, not only the last; 3: "X is the final
+    # answer" counts too
+    version = 3
 
     def check(self, text: str, reference: str | None) -> Verdict:
         """The verdict on one completion."""
