@@ -438,3 +438,56 @@ def test_without_bubblewrap_it_warns_once_and_still_checks(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second batch does not warn again
         run_jobs([Job(GOOD, TESTS)], LIMITS)
+
+
+FOUR = json.dumps(
+    ["assert inc(1) == 2", "assert inc(2) == 3", "assert inc(3) == 4", "assert inc(10) == 11"]
+)
+FOUR_STDIO = json.dumps([{"input": f"{n}\n", "output": f"{n + 1}\n"} for n in (1, 2, 5, 9)])
+CHECK = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(10) == 11\n"
+
+
+@pytest.mark.parametrize(
+    "code, tests, meta, score",
+    [
+        ("def inc(x):\n    return x + 1 if x < 10 else 0\n", FOUR, None, 0.75),
+        ("x = int(input())\nprint(x + 1 if x < 9 else 0)\n", FOUR_STDIO, None, 0.75),
+        ("def inc(x):\n    return 0\n", FOUR, None, 0.0),
+        # test code with check(candidate) is one test: all or nothing, said so
+        ("def inc(x):\n    return x + 1 if x < 10 else 0\n", CHECK, '{"entry_point": "inc"}', 0.0),
+    ],
+)
+def test_the_score_is_the_share_of_tests_passed_and_a_pass_needs_all(code, tests, meta, score):
+    batch = pl.DataFrame(
+        {"candidate_id": ["c"], "text": [code], "prompt": [None], "tests": [tests], "meta": [meta]}
+    )
+    strict = UnitTests(timeout_s=5).run(batch).row(0, named=True)
+    assert strict["score"] == score and strict["passed"] is False
+    if meta:
+        assert "all or nothing" in strict["reason"]
+    partial = UnitTests(timeout_s=5, min_score=0.75).run(batch).row(0, named=True)
+    assert partial["score"] == score
+    assert partial["passed"] is (score >= 0.75)
+    if partial["passed"]:
+        assert "min_score 0.75" in partial["reason"]
+
+
+def test_a_stdio_test_out_of_time_ends_the_run_and_the_rest_count_as_failed():
+    code = "x = int(input())\nwhile x == 2:\n    pass\nprint(x + 1)\n"
+    out = run_jobs([Job(code, json.loads(FOUR_STDIO))], Limits(timeout_s=5, test_timeout_s=0.5))[0]
+    assert (out.tests_passed, out.tests_total, out.passed) == (1, 4, False)
+    assert "time limit" in out.reason
+
+
+def test_a_probe_returns_the_codes_values_and_a_hang_or_crash_costs_only_its_input():
+    code = "def f(x):\n    if x == 3:\n        while True:\n            pass\n    return 1 / x\n"
+    inputs = [[1], [0], [3], [4], [(1, 2)]]
+    out = run_jobs([Job(code, {"inputs": inputs}, "f")], Limits(timeout_s=10, test_timeout_s=1))
+    values = out[0].values
+    assert values[0] == {"ok": 1.0} and values[3] == {"ok": 0.25}
+    assert "ZeroDivisionError" in values[1]["error"]
+    assert "timed out" in values[2]["error"]
+    assert "TypeError" in values[4]["error"]  # run in a fresh process after the hang
+    program = "n = int(input())\nprint(n * 2)\n"
+    out = run_jobs([Job(program, {"inputs": ["3\n", "x\n"]})], LIMITS)[0]
+    assert out.values[0] == {"ok": "6\n"} and "ValueError" in out.values[1]["error"]

@@ -177,4 +177,7 @@ def test_the_verifier_reads_stdio_tests_from_the_prompt():
     )
     out = UnitTests(timeout_s=5).run(batch)
     assert out["passed"].to_list() == [True, False]
-    assert out["reason"][1] == "test 1 of 3: wrong answer on line 1: expected '6', got '7'"
+    assert out["reason"][1] == (
+        "test 1 of 3: wrong answer on line 1: expected '6', got '7' (0/3 tests passed)"
+    )
+    assert out["score"].to_list() == [1.0, 0.0]

@@ -117,11 +117,15 @@ class UnitTests(Verifier):
     `abs_tol` / `rel_tol` (numbers in stdin/stdout output), `isolation` ("referee", the
     default: tests run in a referee process the code cannot reach; "shared": tests run in
     the candidate's own process, needed for tests that touch its objects, and forgeable),
-    `workers` (sandboxes at once; default: CPU count).
+    `workers` (sandboxes at once; default: CPU count), `min_score` (the share of tests a
+    pass needs; default 1: all). The score is the share of tests passed: of an assert list
+    or a stdin/stdout list; test code with `check(candidate)` is one test, all or nothing.
     """
 
     name = "code"
     uses_reference = True
+    # 2: the score is the share of tests passed (stdin/stdout tests all run); min_score
+    version = 2
     operational = frozenset({"workers"})
 
     class Options(Verifier.Options):
@@ -142,14 +146,24 @@ class UnitTests(Verifier):
             "its former name); shared: in the candidate's process, forgeable",
         )
         workers: int | None = Field(None, ge=1, description="sandboxes at once (default: CPUs)")
+        min_score: float = Field(
+            1.0, gt=0, le=1, description="share of tests to pass (partial credit below 1)"
+        )
 
-    def __init__(self, workers: int | None = None, isolation: str = "referee", **limits):
+    def __init__(
+        self,
+        workers: int | None = None,
+        isolation: str = "referee",
+        min_score: float = 1.0,
+        **limits,
+    ):
         isolation = FORMER_ISOLATIONS.get(isolation, isolation)
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.limits = Limits(**limits)
         self.workers = workers
         self.isolation = isolation
+        self.min_score = min_score
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text; prompt, tests, meta if present)."""
@@ -172,6 +186,17 @@ class UnitTests(Verifier):
             except BadTests as e:
                 verdicts[i] = Verdict(0.0, False, str(e))
         for i, outcome in zip(index, run_jobs(jobs, self.limits, self.workers), strict=True):
-            verdicts[i] = Verdict(float(outcome.passed), outcome.passed, outcome.reason)
+            verdicts[i] = self._verdict(outcome)
             elapsed[i] = outcome.elapsed_ms
         return verdict_frame(self.name, batch["candidate_id"].to_list(), verdicts, elapsed)
+
+    def _verdict(self, outcome) -> Verdict:
+        """Score: the share of tests passed; passed: all of them (or min_score of them)."""
+        score = outcome.score
+        reason = outcome.reason
+        if self.min_score >= 1 or outcome.passed:
+            return Verdict(score, outcome.passed, reason)
+        partial = outcome.tests_total is not None and score >= self.min_score
+        if partial:
+            reason = f"{score:.2f} of the tests passed (min_score {self.min_score:g}): {reason}"
+        return Verdict(score, partial, reason)

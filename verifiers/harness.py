@@ -515,8 +515,11 @@ class Referee:
     def run(self, job):
         start = time.monotonic()
         deadline = start + float(self.limits["timeout_s"])
+        self.counts, self.values = None, None
         try:
-            if job["mode"] == "stdio":
+            if job["mode"] == "probe":
+                passed, reason = self.run_probe(job, deadline)
+            elif job["mode"] == "stdio":
                 passed, reason = self.run_stdio(job, deadline)
             elif job["mode"] == "shared":
                 passed, reason = self.run_shared(job, deadline)
@@ -531,10 +534,15 @@ class Referee:
         finally:
             self.disarm()
             self.clean_up()
+        counts = self.counts
+        if counts and not passed and counts[0] >= counts[1]:
+            counts = [0, counts[1]]  # every test ran clean, yet it failed: nothing passed
         return {
             "passed": bool(passed),
             "reason": reason[:400],
             "elapsed_ms": (time.monotonic() - start) * 1000,
+            "counts": counts,
+            "values": self.values,
         }
 
     def clean_up(self):
@@ -614,6 +622,7 @@ class Referee:
         if isinstance(tests, list):
             passed = total = 0
             failure = ""
+            self.counts = [0, sum(has_assert(t) for t in tests)]
             for i, test in enumerate(tests, 1):
                 counts = has_assert(test)
                 total += counts
@@ -621,6 +630,7 @@ class Referee:
                 ok, why = self.exec_one(test, f"<test {i}>", ns, conn, deadline, per_test)
                 if ok:
                     passed += counts
+                    self.counts[0] = passed
                 elif not counts:
                     raise Stop(f"setup {short(test, 120)} failed: {why}")
                 else:
@@ -631,9 +641,11 @@ class Referee:
             if failure:
                 return False, f"{summary}; {failure}"
         else:
+            self.counts = [0, 1]  # test code is one test: all or nothing
             ok, why = self.exec_one(tests, "<tests>", ns, conn, deadline, per_test, entry)
             if not ok:
-                return False, f"tests failed: {why}"
+                return False, f"tests failed (test code is one test, all or nothing): {why}"
+            self.counts = [1, 1]
             summary = "tests passed"
         if conn.stop:
             return False, conn.stop
@@ -691,6 +703,8 @@ class Referee:
         if type(report) is not list or len(report) != 4:
             return False, "the candidate's process sent a malformed report"
         passed, total, failure, asserts = report
+        if type(passed) is int and type(total) is int and 0 <= passed <= total:
+            self.counts = [passed, total]
         if failure:
             return False, f"{passed}/{total} tests passed; {str(failure)[:300]}"
         if not asserts:
@@ -700,42 +714,117 @@ class Referee:
     # -- stdin/stdout tests ------------------------------------------------------------
 
     def run_stdio(self, job, deadline):
+        """Every test is run (for the share passed) until one runs out of time."""
         tests = job["tests"]
         per_test = float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+        self.counts = [0, len(tests)]
+        failure = ""
         for i, test in enumerate(tests, 1):
             limit = min(per_test, deadline_left(deadline))
             if limit <= 0:
-                return False, f"timed out after {self.limits['timeout_s']} s ({i - 1} tests passed)"
+                failure = failure or f"timed out after {self.limits['timeout_s']} s"
+                break
             ok, why = self.run_program(job["code"], test, limit)
-            if not ok:
-                return False, f"test {i} of {len(tests)}: {why}"
             self.clean_up()
+            if ok:
+                self.counts[0] += 1
+                continue
+            failure = failure or f"test {i} of {len(tests)}: {why}"
+            if why.startswith("time limit"):
+                break  # the rest would likely spend their limits too: they count as failed
+        if failure:
+            return False, f"{failure} ({self.counts[0]}/{len(tests)} tests passed)"
         return True, f"{len(tests)}/{len(tests)} tests passed"
 
     def run_program(self, code, test, limit):
         """Run the program on one test's input; (passed, what happened)."""
+        out, why = self.program_output(code, test["input"], limit)
+        if out is None:
+            return False, why
+        return compare_output(
+            out,
+            test["output"],
+            float(self.limits.get("abs_tol") or 0),
+            float(self.limits.get("rel_tol") or 0),
+        )
+
+    def program_output(self, code, text, limit):
+        """The program's output on one input, or (None, why it has none)."""
         pid, sock, errs = self.starter.spawn("stdio", self.limits)
         start = time.monotonic()
         try:
             send_msg(sock, {"code": code})
-            out, err, what = pump(sock, errs, test["input"].encode(), self.cap, start + limit)
+            out, err, what = pump(sock, errs, text.encode(), self.cap, start + limit)
         finally:
             sock.close()
             errs.close()
         status = self.finish(pid) if what else self.wait_exit(pid, start + limit)
         if what == "timeout" or status == "timeout":
-            return False, f"time limit exceeded ({limit:g} s)"
+            return None, f"time limit exceeded ({limit:g} s)"
         if what == "output":
-            return False, f"output limit exceeded (over {self.cap} bytes)"
+            return None, f"output limit exceeded (over {self.cap} bytes)"
         failed = runtime_error(status, err)
         if failed:
-            return False, failed
-        return compare_output(
-            out.decode("utf-8", "replace"),
-            test["output"],
-            float(self.limits.get("abs_tol") or 0),
-            float(self.limits.get("rel_tol") or 0),
-        )
+            return None, failed
+        return out.decode("utf-8", "replace"), ""
+
+    # -- probes: what trusted code gives on new inputs ---------------------------------
+
+    def run_probe(self, job, deadline):
+        """The reference's value on each input: {"ok": value} or {"error": why} each.
+
+        Function inputs are argument lists, called in one process until one times out or
+        stops it (then a new one takes the rest); program inputs are stdin texts."""
+        per_test = float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+        inputs, self.values = job["tests"]["inputs"], []
+        if job["entry_point"] is None:
+            for text in inputs:
+                limit = min(per_test, deadline_left(deadline))
+                if limit <= 0:
+                    self.values.append({"error": "not run: the probe's time ran out"})
+                    continue
+                out, why = self.program_output(job["code"], text, limit)
+                self.clean_up()
+                self.values.append({"ok": out} if out is not None else {"error": why})
+            return True, f"{len(inputs)} inputs run"
+        while len(self.values) < len(inputs):
+            if deadline_left(deadline) <= 0:
+                self.values.append({"error": "not run: the probe's time ran out"})
+                continue
+            self.probe_calls(job, inputs[len(self.values) :], deadline, per_test)
+        return True, f"{len(inputs)} inputs run"
+
+    def probe_calls(self, job, inputs, deadline, per_test):
+        """Call the entry point on inputs in one process until one stops it."""
+        pid, sock, _ = self.starter.spawn("calls", self.limits)
+        conn, first = Conn(sock, self.cap, deadline), len(self.values)
+        try:
+            send_msg(sock, {"code": job["code"]})
+            ns = self.namespace(job, conn, conn.ready())
+            fn = ns[job["entry_point"]]
+            for args in inputs:
+                try:
+                    self.arm(min(per_test, deadline_left(deadline)))
+                    value = fn(*decode(args))
+                    self.disarm()
+                    self.values.append({"ok": encode(value)})
+                except Timeout:
+                    self.disarm()
+                    self.values.append({"error": f"timed out after {per_test:g} s"})
+                    return
+                except Stop as e:
+                    self.disarm()
+                    self.values.append({"error": e.reason})
+                    return
+                except Exception as e:
+                    self.disarm()
+                    self.values.append({"error": _describe(e)})
+        except Stop as e:  # the code did not load: no input of this process gets a value
+            self.values += [{"error": e.reason}] * (len(inputs) - (len(self.values) - first))
+        finally:
+            self.disarm()
+            sock.close()
+            self.finish(pid)
 
     def wait_exit(self, pid, deadline):
         left = deadline_left(deadline)

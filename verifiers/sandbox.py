@@ -49,8 +49,10 @@ class Job:
     """Code and its tests.
 
     `tests` is a list of assert statements, test code (with `check(candidate)` when
-    `entry_point` is set), or a list of {"input", "output"} dicts for a program that reads
-    stdin. `prompt` is trusted code the referee runs before the tests (HumanEval's helpers).
+    `entry_point` is set), a list of {"input", "output"} dicts for a program that reads
+    stdin, or a probe: {"inputs": [...]}, argument lists for `entry_point` (or stdin
+    texts without one), whose values come back in the outcome.
+    `prompt` is trusted code the referee runs before the tests (HumanEval's helpers).
     `isolation="shared"` runs function tests inside the candidate's process: forgeable.
     """
 
@@ -62,6 +64,8 @@ class Job:
 
     @property
     def mode(self) -> str:
+        if isinstance(self.tests, dict):
+            return "probe"
         if isinstance(self.tests, list) and self.tests and isinstance(self.tests[0], dict):
             return "stdio"
         return "shared" if self.isolation == "shared" else "calls"
@@ -81,6 +85,16 @@ class Outcome:
     passed: bool
     reason: str
     elapsed_ms: float
+    tests_passed: int | None = None  # of tests_total; None: no test was counted
+    tests_total: int | None = None
+    values: list | None = None  # a probe's {"ok": value} or {"error": why} per input
+
+    @property
+    def score(self) -> float:
+        """The share of tests passed (all or nothing where tests were not counted)."""
+        if self.tests_total:
+            return (self.tests_passed or 0) / self.tests_total
+        return float(self.passed)
 
 
 _WARNED = {"done": False}
@@ -180,7 +194,17 @@ def _run_chunk(jobs: list[Job], limits: Limits) -> list[Outcome]:
     for line in lines[: len(jobs)]:
         try:
             r = json.loads(line)
-            outcomes.append(Outcome(bool(r["passed"]), str(r["reason"]), float(r["elapsed_ms"])))
+            counts = r.get("counts") or [None, None]
+            outcomes.append(
+                Outcome(
+                    bool(r["passed"]),
+                    str(r["reason"]),
+                    float(r["elapsed_ms"]),
+                    counts[0],
+                    counts[1],
+                    r.get("values"),
+                )
+            )
         except (ValueError, KeyError, TypeError):
             outcomes.append(Outcome(False, "the referee's output was unreadable", 0.0))
     if len(outcomes) < len(jobs):
