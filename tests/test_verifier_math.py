@@ -230,6 +230,7 @@ def test_wrong_hedged_and_missing_fail_with_reason(text, reference, reason):
         ("The answer is x = 2", "2"),
         ("The answer is 7/2", r"\frac{7}{2}"),  # a fraction that is not whole stays a value
         ("The final answer is 5. 5 is the answer.", "5"),  # said twice: no hedge
+        ("Thus $x <= 2$ is our answer.", r"$x \leq 2$"),  # the whole span before the marker
     ],
 )
 def test_stated_values_pass(text, reference):
@@ -276,7 +277,7 @@ def test_math_pathological_input_does_not_hang():
 
 
 def test_agrees_with_math_verify_suite():
-    """Math-Verify's own regression cases (data nobody here wrote): at least 95% agreement
+    """Math-Verify's own regression cases (data nobody here wrote): at least 98% agreement
     and no pass where the suite expects a fail. The disagreements are listed in the README."""
     cases = [json.loads(line) for line in MATH_VERIFY_CASES.read_text().splitlines()]
     out = MathAnswer().run(_batch([(c["pred"], c["gold"]) for c in cases]))
@@ -285,7 +286,7 @@ def test_agrees_with_math_verify_suite():
     agree = sum(p == c["expected"] for p, c in zip(passed, cases, strict=True))
     assert len(cases) == 254
     assert not false_passes
-    assert agree / len(cases) >= 0.95, agree
+    assert agree / len(cases) >= 0.98, agree
 
 
 def test_timeout_holds_in_a_worker_thread():

@@ -197,8 +197,14 @@ def answer_statements(text: str) -> list[str]:
 
 
 def _word_before(line: str, at: int) -> str:
-    """The value just before "is the answer" at `at`: a token with a digit in it, else ''."""
-    window = line[max(0, at - _BEFORE_MARK) : at].split()
+    """The value just before "is the answer" at `at`: a $...$ span, or a token with a digit
+    in it; else ''."""
+    before = line[max(0, at - _BEFORE_MARK) : at].rstrip()
+    if before.endswith("$"):
+        opened = before.rfind("$", 0, len(before) - 1)
+        if opened >= 0:
+            return before[opened:]
+    window = before.split()
     word = window[-1].strip("*_,;:'\"") if window else ""
     word = word.rstrip(".")
     return word if any(c.isdigit() for c in word) else ""
