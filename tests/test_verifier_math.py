@@ -204,6 +204,9 @@ def test_matrices(text, passed):
         # a division with a whole-number quotient, restated ("What is 6 / 3?")
         ("6 / 3", "2", "arithmetic left undone"),
         ("The answer is 10/10.", "1", "arithmetic left undone"),
+        ("8 / 1", "8", "arithmetic left undone"),
+        ("The answer is -(95 / 19)", "-5", "arithmetic left undone"),
+        ("So, the answer is -70 * 37 ≈", "-2590", "arithmetic left undone"),
         # the answer stated before its marker, a later number in the sentence (SmolLM2)
         ("So, 0.81 is the final answer between 0.81 and 1.", "1", "'0.81' is not '1'"),
         # an equation of plain numbers whose sides differ: a false statement, not its side

@@ -166,15 +166,17 @@ def unevaluated(answer: Answer) -> bool:
     sum, difference or product, or a division whose quotient is a whole number."""
     if answer.kind not in ("number", "expr"):
         return False
-    t = re.sub(r"\s+", "", clean_answer(answer.text))
+    t = re.sub(r"\s+", "", clean_answer(answer.text)).rstrip("=≈")
     if not _PLAIN_ARITHMETIC.fullmatch(t):
         return False
     if _OPERATION.search(t):
         return True
+    while t[:1] in "-+" and t[1:2] == "(" or t[:1] == "(" and t.endswith(")"):
+        t = t[2:-1] if t[:1] in "-+" else t[1:-1]  # "-(95 / 19)" is 95 / 19 undone
     division = _DIVISION.fullmatch(t)
     if division:
         top, bottom = int(division.group(1)), int(division.group(2))
-        return abs(bottom) > 1 and top % bottom == 0
+        return bottom != 0 and top % bottom == 0
     return False
 
 
