@@ -30,6 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
+from thresher.verifiers.mutants import SWAP_BOOL, SWAP_CMP
+
 
 def math_candidates(n: int, k: int = 8, seed: int = 0) -> list[tuple[str, str]]:
     """(candidate text, reference) pairs: n/k problems with k candidates each, as a sampling
@@ -145,19 +147,6 @@ _SWAP_BIN = {
     ast.Mod: ast.FloorDiv,
     ast.Pow: ast.Mult,
 }
-_SWAP_CMP = {
-    ast.Lt: ast.LtE,
-    ast.LtE: ast.Lt,
-    ast.Gt: ast.GtE,
-    ast.GtE: ast.Gt,
-    ast.Eq: ast.NotEq,
-    ast.NotEq: ast.Eq,
-    ast.In: ast.NotIn,
-    ast.NotIn: ast.In,
-    ast.Is: ast.IsNot,
-    ast.IsNot: ast.Is,
-}
-_SWAP_BOOL = {ast.And: ast.Or, ast.Or: ast.And}
 
 
 def _mutation_sites(fn: ast.FunctionDef) -> list[tuple[str, ast.AST, int]]:
@@ -170,7 +159,7 @@ def _mutation_sites(fn: ast.FunctionDef) -> list[tuple[str, ast.AST, int]]:
             sites += [
                 ("flipped comparison", node, i)
                 for i, op in enumerate(node.ops)
-                if type(op) in _SWAP_CMP
+                if type(op) in SWAP_CMP
             ]
         elif isinstance(node, ast.BoolOp):
             sites.append(("swapped and/or", node, 0))
@@ -183,9 +172,9 @@ def _mutate(kind: str, node: ast.AST, i: int) -> None:
     if kind == "swapped operator":
         node.op = _SWAP_BIN[type(node.op)]()
     elif kind == "flipped comparison":
-        node.ops[i] = _SWAP_CMP[type(node.ops[i])]()
+        node.ops[i] = SWAP_CMP[type(node.ops[i])]()
     elif kind == "swapped and/or":
-        node.op = _SWAP_BOOL[type(node.op)]()
+        node.op = SWAP_BOOL[type(node.op)]()
     else:
         node.value += 1
 

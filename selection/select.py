@@ -1,7 +1,9 @@
 """Selection: which verified candidates of a round become training data, and why the rest don't.
 
 For each candidate of a batch, in this order: `failed` (the rule does not hold),
-`truncated` (it passed but was cut at max_tokens, unless `keep_truncated`), `too_easy`
+`truncated` (it passed but was cut at max_tokens, unless `keep_truncated`),
+`weak_tests:<kill rate>` (its prompt's tests kill too few mutants, `min_test_strength`),
+`too_easy`
 (its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>` (its prompt
 or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised text, or a
 MinHash near-duplicate, of a candidate kept before it), `capped` (over the per-prompt cap
@@ -50,6 +52,7 @@ def decide(
     kept_before: list[tuple] | None = None,
     eval_index: Any = None,
     max_hinted_share: float | None = None,
+    kill_rates: dict[str, float | None] | None = None,
 ) -> None:
     """Set `reason` (None = kept) on each row dict of one batch, in place.
 
@@ -57,7 +60,7 @@ def decide(
     `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
     for near-duplicate checks across prompts; `eval_index` (a decontam.EvalIndex) finds
     overlaps with evaluation items; `max_hinted_share` caps the hinted share of what is
-    kept.
+    kept; `kill_rates` (prompt -> its tests' kill rate) decide `min_test_strength`.
     """
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
@@ -65,6 +68,14 @@ def decide(
         if r["reason"] is None and r.get("finish_reason") == "length" and not spec.keep_truncated:
             r["reason"] = DropReason.truncated.value
         by_prompt.setdefault(r["prompt_id"], []).append(r)
+
+    if spec.min_test_strength is not None:
+        for r in rows:
+            if r["reason"] is None and r.get("has_tests"):
+                rate = (kill_rates or {}).get(r["prompt_id"], "not audited")
+                if rate is None or rate == "not audited" or rate < spec.min_test_strength:
+                    shown = rate if isinstance(rate, str) else f"{rate or 0:.2f}"
+                    r["reason"] = DropReason.weak_tests.of(shown)
 
     if spec.max_pass_rate is not None:
         for group in by_prompt.values():
@@ -181,7 +192,12 @@ def select_batch(
     kept_before = (
         _kept_signatures(lake, selection_id, settings) if settings.across_prompts else None
     )
-    decide(rows, settings, kept_before, eval_index, max_hinted_share)
+    kill_rates = None
+    if settings.min_test_strength is not None:
+        from thresher.stores.queries import prompt_kill_rates
+
+        kill_rates = prompt_kill_rates(lake, sorted({r["prompt_id"] for r in rows}))
+    decide(rows, settings, kept_before, eval_index, max_hinted_share, kill_rates)
     return write_selections(lake, selection_id, round_, rows, run_id)
 
 

@@ -271,6 +271,8 @@ FROM (SELECT run_id, round, status, started_at,
 ORDER BY pipeline, round, started_at, i"""
 
 # Views built on the base tables: the everyday questions, answered in SQL.
+WEAK_KILL_RATE = 0.8  # the weak_prompts view's line (select.min_test_strength sets its own)
+
 DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
     # One row per candidate: passed when it has verdicts and every verifier passed it
@@ -319,6 +321,28 @@ DERIVED_VIEWS = {
     # Per pipeline and curated round: its monitors (distinct answers, similarity, repeated
     # openings and closings, kept-versus-all length, hinted share, headroom, mixed share).
     "round_monitors": ROUND_MONITORS_SQL,
+    # Each prompt's latest test-strength audit, per suite; the weak ones (a reference that
+    # fails its tests, or a kill rate under 0.8); and per dataset and suite, the spread.
+    "prompt_strength": """
+        SELECT * EXCLUDE (tests) FROM test_strength
+        QUALIFY row_number() OVER (
+            PARTITION BY prompt_id, suite ORDER BY created_at DESC, audit_id) = 1""",
+    "weak_prompts": f"""
+        SELECT dataset, prompt_id, suite, reference_passes, kill_rate, mutants, killed,
+               equivalent, survivors, note
+        FROM prompt_strength
+        WHERE NOT reference_passes OR kill_rate < {WEAK_KILL_RATE}
+        ORDER BY dataset, suite, kill_rate NULLS FIRST, prompt_id""",
+    "test_strength_summary": f"""
+        SELECT dataset, suite, count(*) AS prompts,
+               count(*) FILTER (WHERE NOT reference_passes) AS reference_fails,
+               sum(mutants) AS mutants, sum(killed) AS killed, sum(equivalent) AS equivalent,
+               round(sum(killed) / nullif(sum(mutants) - sum(equivalent), 0), 4) AS kill_rate,
+               round(median(kill_rate), 4) AS median_kill_rate,
+               round(quantile_cont(kill_rate, 0.1), 4) AS p10_kill_rate,
+               count(*) FILTER (WHERE kill_rate < {WEAK_KILL_RATE}) AS weak,
+               sum(kept) AS tests_added
+        FROM prompt_strength GROUP BY dataset, suite ORDER BY dataset, suite""",
 }
 
 
@@ -365,7 +389,9 @@ class LegacyLake(RuntimeError):
 
 # Tables whose rows are few (prompts are few next to their candidates): an append also
 # skips rows whose key is in the table already. Other tables skip a batch by its id.
-ROW_DEDUP = frozenset({"prompts", "rejects", "train_metrics", "evals", "labels", "monitors"})
+ROW_DEDUP = frozenset(
+    {"prompts", "rejects", "train_metrics", "evals", "labels", "monitors", "test_strength"}
+)
 SCHEMA_DIR = "_schemas"
 
 

@@ -66,12 +66,17 @@ def scoped_verdicts(con, used: dict[str, str] | None) -> str:
 
 def existing_candidates(lake: Lake, ids: list[str]) -> set[str]:
     """The ids among `ids` that are in the lake already."""
+    return _present(lake, "candidates", "candidate_id", ids)
+
+
+def _present(lake: Lake, table: str, column: str, ids: list[str]) -> set[str]:
+    """The values among `ids` that `table`'s `column` holds."""
     if not ids:
         return set()
     con = lake.connect()
     try:
-        _with_ids(con, "wanted", "candidate_id", ids)
-        found = con.sql("SELECT candidate_id FROM candidates JOIN wanted USING (candidate_id)")
+        _with_ids(con, "wanted", column, ids)
+        found = con.sql(f"SELECT DISTINCT {column} FROM {table} JOIN wanted USING ({column})")
         return {r[0] for r in found.fetchall()}
     finally:
         con.close()
@@ -213,7 +218,7 @@ def prompts_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, diges
 SELECTION_INPUTS_SQL = """
 SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
        cand.finish_reason, coalesce(cand.hinted, false) AS hinted,
-       p.prompt, p.messages,
+       p.prompt, p.messages, p.tests IS NOT NULL AS has_tests,
        {passed} AS passed,
        coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
            AS score
@@ -437,3 +442,53 @@ def latest_overall_eval(lake: Lake, name: str | None, round_: int, model: str | 
            ORDER BY metric""",
         {"round": round_, "name": name, "model": model},
     )
+
+
+def code_prompts(lake: Lake, dataset: str, split: str | None = None, limit: int | None = None):
+    """A dataset's prompts that have tests (any split but the sealed test split unless
+    named), ordered by prompt_id."""
+    sql = "SELECT * FROM prompts WHERE dataset = ? AND tests IS NOT NULL"
+    params: list = [dataset]
+    if split:
+        sql += " AND split = ?"
+        params.append(split)
+    else:
+        sql += " AND split <> 'test'"
+    sql += " ORDER BY prompt_id"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return lake.query(sql, params)
+
+
+def recorded_audits(lake: Lake, audit_ids: list[str]) -> set[str]:
+    """The test-strength audits among these that the lake already has."""
+    return _present(lake, "test_strength", "audit_id", audit_ids)
+
+
+def prompt_kill_rates(lake: Lake, prompt_ids: list[str]) -> dict[str, float | None]:
+    """Each audited prompt's kill rate of its original tests (latest audit; 0 where the
+    reference fails its own tests, None where no mutant could be judged)."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "ids", "prompt_id", prompt_ids)
+        rows = con.sql(
+            "SELECT prompt_id, CASE WHEN reference_passes THEN kill_rate ELSE 0.0 END "
+            "FROM prompt_strength JOIN ids USING (prompt_id) WHERE suite = 'original'"
+        ).fetchall()
+        return dict(rows)
+    finally:
+        con.close()
+
+
+def strength_summary(lake: Lake, dataset: str):
+    """A dataset's test-strength summary per suite, and how many prompts' original tests
+    are weak (`weak_prompts`); (None, 0) for a dataset without prompts."""
+    if not lake.query("SELECT count(*) FROM prompts WHERE dataset = ?", [dataset]).item():
+        return None, 0
+    df = lake.query(
+        "SELECT * EXCLUDE (dataset) FROM test_strength_summary WHERE dataset = ?", [dataset]
+    )
+    weak = lake.query(
+        "SELECT count(*) FROM weak_prompts WHERE dataset = ? AND suite = 'original'", [dataset]
+    ).item()
+    return df, weak

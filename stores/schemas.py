@@ -155,6 +155,32 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
         ]
     ),
+    # Each prompt's test strength (verifiers.strength, `thresher tests-audit`): one row per
+    # audit and suite (the original tests, and the strengthened ones, kept here as the
+    # prompt's new version of its tests).
+    "test_strength": pa.schema(
+        [
+            ("audit_id", pa.string()),  # digest of prompt, tests, reference and settings
+            ("prompt_id", pa.string()),
+            ("dataset", pa.string()),
+            ("suite", pa.string()),  # original | strengthened
+            ("tests_id", pa.string()),
+            ("tests", pa.string()),  # as prompts store them
+            ("reference_passes", pa.bool_()),
+            ("mutants", pa.int64()),
+            ("killed", pa.int64()),
+            ("equivalent", pa.int64()),  # surviving mutants with the reference's answers
+            ("kill_rate", pa.float64()),  # killed / (mutants - equivalent)
+            ("survivors", pa.string()),  # JSON [{kind, equivalent}]
+            ("generated", pa.int64()),  # strengthened: new inputs made
+            ("kept", pa.int64()),  # ... that became tests
+            ("dropped", pa.string()),  # JSON {why: count}
+            ("note", pa.string()),
+            ("settings", pa.string()),  # JSON {mutants, inputs, version}
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
 }
 
 # Columns that identify a row: appending a row whose key is already present adds nothing.
@@ -172,6 +198,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "evals": ("run_id", "task", "metric"),
     "labels": ("label_id",),
     "monitors": ("selection_id", "metric", "eval_run_id"),
+    "test_strength": ("audit_id", "suite"),
 }
 
 TABLES = tuple(SCHEMAS)
@@ -187,6 +214,7 @@ class DropReason(StrEnum):
     duplicate_of = "duplicate_of"  # duplicate_of:<the kept candidate's id>
     capped = "capped"  # over the per-prompt cap
     hint_share = "hint_share"  # a hinted candidate over the share of hinted data
+    weak_tests = "weak_tests"  # weak_tests:<kill rate or 'not audited'> (min_test_strength)
 
     def of(self, detail: str) -> str:
         """The stored reason with its detail: `contaminated:eval-1`."""
@@ -194,7 +222,7 @@ class DropReason(StrEnum):
 
     def sql(self) -> str:
         """A SQL condition on `drop_reason` that holds for this reason."""
-        if self in (DropReason.contaminated, DropReason.duplicate_of):
+        if self in (DropReason.contaminated, DropReason.duplicate_of, DropReason.weak_tests):
             return f"drop_reason LIKE '{self.value}:%'"
         return f"drop_reason = '{self.value}'"
 

@@ -108,3 +108,12 @@ def write_monitors(lake: Lake, rows: list[dict], run_id: str | None) -> int:
     eval_run_id); a monitor already recorded for the same selection adds nothing."""
     stamp = now()
     return lake.append("monitors", [{**r, "run_id": run_id, "created_at": stamp} for r in rows])
+
+
+def write_test_strength(lake: Lake, rows: list[dict], run_id: str | None) -> int:
+    """Append test-strength audits (one row per audit and suite); an audit already
+    recorded adds nothing."""
+    stamp = now()
+    return lake.append(
+        "test_strength", [{**r, "run_id": run_id, "created_at": stamp} for r in rows]
+    )

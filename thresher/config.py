@@ -292,6 +292,22 @@ class SelectConfig(_Strict):
         None, ge=0, le=1, description="drop prompts solved more often than this (too easy)"
     )
     decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
+    min_test_strength: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="drop candidates of code prompts whose tests kill fewer than this share "
+        "of the reference's mutants (`thresher tests-audit`; a prompt never audited is "
+        "dropped too), as `weak_tests`",
+    )
+
+    @model_serializer(mode="wrap")
+    def _keys_as_before(self, handler):
+        # unset, it dumps (and so identifies selections) as before it existed
+        out = handler(self)
+        if isinstance(out, dict) and self.min_test_strength is None:
+            out.pop("min_test_strength", None)
+        return out
 
 
 class GatesConfig(_Strict):

@@ -1,5 +1,5 @@
-"""Tools: verify a file of candidates, build a tiny model, import a GGUF checkpoint, check a
-reward model."""
+"""Tools: verify a file of candidates, audit a dataset's tests, build a tiny model, import a
+GGUF checkpoint, check a reward model."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import typer
 
 from thresher.flows.cli import (
     LakeOption,
+    OutputFormat,
     app,
     fail,
+    print_frame,
 )
 
 
@@ -77,6 +79,69 @@ def verify_cmd(
         typer.echo(f"{name}: {passed}/{len(got)} passed", err=True)
     if bad:
         typer.echo(f"{bad} malformed rows (see their `error`)", err=True)
+
+
+@app.command("tests-audit")
+def tests_audit(
+    dataset: Annotated[
+        str, typer.Option("--dataset", "-d", help="The dataset whose code prompts to audit.")
+    ],
+    split: Annotated[
+        str | None,
+        typer.Option(help="Only this split (default: every split but the sealed test split)."),
+    ] = None,
+    mutants: Annotated[
+        int, typer.Option(min=1, help="Mutants of each reference solution to judge.")
+    ] = 20,
+    inputs: Annotated[
+        int,
+        typer.Option(min=0, help="New inputs per prompt, made from the tests' own inputs."),
+    ] = 30,
+    limit: Annotated[int | None, typer.Option(min=1, help="Only the first N prompts.")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Sandboxes at once (default: CPUs).")
+    ] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Measure how strong each code prompt's tests are, and make stronger ones.
+
+    For every prompt with tests and a reference solution (meta.canonical_solution or
+    meta.reference_solution): the reference must pass its own tests (else the prompt is
+    flagged); mutants of the reference (operators, comparisons, constants, dropped
+    statements, swapped arguments, negated conditions) run through the code judge; the
+    tests' own inputs, mutated, run through the reference, and each one it answers becomes
+    a new test if the reference then passes it. A surviving mutant that answers every kept
+    input as the reference does is a likely equivalent mutant, left out of the kill rate.
+
+    Each audit is a row per suite (original, strengthened) in `test_strength`; the views
+    `weak_prompts` and `test_strength_summary` read them, and `select.min_test_strength`
+    drops candidates of weak prompts. A re-run with the same settings audits nothing.
+    """
+    from thresher.flows.cli.lake import _open_lake
+    from thresher.stores.queries import strength_summary
+    from thresher.verifiers.strength import audit_dataset
+
+    lk = _open_lake(lake)
+    if strength_summary(lk, dataset)[0] is None:
+        fail(f"no prompts in dataset {dataset!r}: ingest it first (thresher ingest)")
+    summary = audit_dataset(
+        lk,
+        dataset,
+        split,
+        mutants,
+        inputs,
+        limit,
+        workers,
+        progress=lambda line: typer.echo(line, err=True),
+    )
+    typer.echo(
+        f"{summary['prompts']} prompts with tests: {summary['audited']} audited now, "
+        f"{summary['already']} audited before with these settings"
+        + "".join(f"; {n} skipped ({why})" for why, n in summary["skipped"].items())
+    )
+    df, weak = strength_summary(lk, dataset)
+    print_frame(df, OutputFormat.table)
+    typer.echo(f"weak prompts (original tests): {weak}; see the weak_prompts view")
 
 
 @app.command("tiny-model")
