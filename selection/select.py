@@ -174,6 +174,7 @@ def select_batch(
     run_id: str | None = None,
     eval_index: Any = None,
     max_hinted_share: float | None = None,
+    suite: str = "original",
 ) -> int:
     """Write selection `selection_id` of these candidates; returns rows written (0 when
     this selection of them is in the lake already).
@@ -181,7 +182,8 @@ def select_batch(
     `rule` (e.g. "math and format") says which verdicts make a candidate pass; by
     default every verifier that scored it must have passed it. `used` (verifier ->
     options digest) limits the verdicts read to those settings; the scores of the
-    `ranking` verifiers rank candidates for `top_score`.
+    `ranking` verifiers rank candidates for `top_score`; `suite` is the tests the code
+    verifier ran (original or strengthened), whose strength `min_test_strength` reads.
     """
     from thresher.stores.queries import selected_count, selection_inputs
     from thresher.stores.tables import write_selections
@@ -196,7 +198,7 @@ def select_batch(
     if settings.min_test_strength is not None:
         from thresher.stores.queries import prompt_kill_rates
 
-        kill_rates = prompt_kill_rates(lake, sorted({r["prompt_id"] for r in rows}))
+        kill_rates = prompt_kill_rates(lake, sorted({r["prompt_id"] for r in rows}), suite)
     decide(rows, settings, kept_before, eval_index, max_hinted_share, kill_rates)
     return write_selections(lake, selection_id, round_, rows, run_id)
 

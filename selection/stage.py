@@ -57,4 +57,5 @@ def select_candidates(
         run_id=run_id,
         eval_index=eval_index(lake, cfg.select.decontaminate),
         max_hinted_share=cfg.rationalize.max_share if cfg.rationalize.enabled else None,
+        suite=(cfg.verify.options.get("code") or {}).get("tests", "original"),
     )

@@ -465,15 +465,19 @@ def recorded_audits(lake: Lake, audit_ids: list[str]) -> set[str]:
     return _present(lake, "test_strength", "audit_id", audit_ids)
 
 
-def prompt_kill_rates(lake: Lake, prompt_ids: list[str]) -> dict[str, float | None]:
-    """Each audited prompt's kill rate of its original tests (latest audit; 0 where the
+def prompt_kill_rates(
+    lake: Lake, prompt_ids: list[str], suite: str = "original"
+) -> dict[str, float | None]:
+    """Each audited prompt's kill rate of one suite of its tests (latest audit; 0 where the
     reference fails its own tests, None where no mutant could be judged)."""
     con = lake.connect()
     try:
         _with_ids(con, "ids", "prompt_id", prompt_ids)
         rows = con.sql(
             "SELECT prompt_id, CASE WHEN reference_passes THEN kill_rate ELSE 0.0 END "
-            "FROM prompt_strength JOIN ids USING (prompt_id) WHERE suite = 'original'"
+            "FROM prompt_strength JOIN ids USING (prompt_id) WHERE suite = ? "
+            "OR (suite = 'original' AND NOT reference_passes)",
+            params=[suite],
         ).fetchall()
         return dict(rows)
     finally:
@@ -492,3 +496,31 @@ def strength_summary(lake: Lake, dataset: str):
         "SELECT count(*) FROM weak_prompts WHERE dataset = ? AND suite = 'original'", [dataset]
     ).item()
     return df, weak
+
+
+def with_strengthened_tests(lake: Lake, rows):
+    """Rows (a frame with prompt_id and tests) with each prompt's latest strengthened tests
+    where `thresher tests-audit` made some (its reference passing), and a `tests_suite`
+    column saying which suite each row has."""
+    import polars as pl
+
+    ids = rows["prompt_id"].unique().to_list()
+    con = lake.connect()
+    try:
+        _with_ids(con, "ids", "prompt_id", ids)
+        strong = con.sql(
+            """SELECT prompt_id, tests AS strong_tests FROM test_strength JOIN ids USING (prompt_id)
+               WHERE suite = 'strengthened' AND reference_passes
+               QUALIFY row_number() OVER (
+                   PARTITION BY prompt_id ORDER BY created_at DESC, audit_id) = 1"""
+        ).pl()
+    finally:
+        con.close()
+    joined = rows.join(strong, on="prompt_id", how="left")
+    return joined.with_columns(
+        pl.coalesce("strong_tests", "tests").alias("tests"),
+        pl.when(pl.col("strong_tests").is_null())
+        .then(pl.lit("original"))
+        .otherwise(pl.lit("strengthened"))
+        .alias("tests_suite"),
+    ).drop("strong_tests")

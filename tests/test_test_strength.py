@@ -251,3 +251,30 @@ def test_cli_tests_audit_prints_both_suites(lake, tmp_path):
     assert "0 audited now, 5 audited before" in again.output
     missing = CliRunner().invoke(app, ["tests-audit", "-d", "nope", "--lake", str(lake.root)])
     assert missing.exit_code == 1 and "no prompts in dataset 'nope'" in missing.output
+
+
+def test_the_code_verifier_can_judge_by_the_strengthened_tests(lake, tmp_path):
+    from thresher.stores.queries import with_strengthened_tests
+    from thresher.verifiers.code import UnitTests
+
+    path = tmp_path / "weak.jsonl"
+    rows = [{k: WEAK[k] for k in ("prompt", "tests", "meta")}]
+    rows.append({**rows[0], "prompt": "Write f(x) again."})  # never audited
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ingest(lake, path, "weak", task="code").ingested == 2
+    audit_dataset(lake, "weak", limit=1, limits=LIMITS)
+    prompts = lake.query("SELECT prompt_id, prompt, tests, meta FROM prompts ORDER BY prompt")
+    wrong = "def f(x):\n    return x + 1\n"  # passes f(3) == 4, wrong for negatives
+    import polars as pl
+
+    batch = prompts.with_columns(
+        pl.lit(wrong).alias("text"), pl.col("prompt_id").alias("candidate_id")
+    )
+    audited = lake.query("SELECT DISTINCT prompt_id FROM test_strength").item()
+    original = UnitTests(timeout_s=20).run(batch)
+    assert original["passed"].to_list() == [True, True]
+    strong = UnitTests(timeout_s=20, tests="strengthened").run(with_strengthened_tests(lake, batch))
+    by = {r["candidate_id"]: r for r in strong.to_dicts()}
+    assert not by[audited]["passed"] and 0 < by[audited]["score"] < 1
+    (other,) = [r for pid, r in by.items() if pid != audited]
+    assert other["passed"] and "no strengthened tests for this prompt" in other["reason"]

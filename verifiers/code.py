@@ -118,8 +118,10 @@ class UnitTests(Verifier):
     default: tests run in a referee process the code cannot reach; "shared": tests run in
     the candidate's own process, needed for tests that touch its objects, and forgeable),
     `workers` (sandboxes at once; default: CPU count), `min_score` (the share of tests a
-    pass needs; default 1: all). The score is the share of tests passed: of an assert list
-    or a stdin/stdout list; test code with `check(candidate)` is one test, all or nothing.
+    pass needs; default 1: all), `tests` ("strengthened": the verifying stage gives it each
+    prompt's latest strengthened tests, column `tests_suite`). The score is the share of
+    tests passed: of an assert list or a stdin/stdout list; test code with
+    `check(candidate)` is one test, all or nothing.
     """
 
     name = "code"
@@ -149,12 +151,18 @@ class UnitTests(Verifier):
         min_score: float = Field(
             1.0, gt=0, le=1, description="share of tests to pass (partial credit below 1)"
         )
+        tests: Literal["original", "strengthened"] = Field(
+            "original",
+            description="strengthened: the prompt's latest tests from `thresher tests-audit` "
+            "(its original tests where it has none, said in the reason)",
+        )
 
     def __init__(
         self,
         workers: int | None = None,
         isolation: str = "referee",
         min_score: float = 1.0,
+        tests: str = "original",
         **limits,
     ):
         isolation = FORMER_ISOLATIONS.get(isolation, isolation)
@@ -164,6 +172,7 @@ class UnitTests(Verifier):
         self.workers = workers
         self.isolation = isolation
         self.min_score = min_score
+        self.suite = tests
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text; prompt, tests, meta if present)."""
@@ -187,6 +196,10 @@ class UnitTests(Verifier):
                 verdicts[i] = Verdict(0.0, False, str(e))
         for i, outcome in zip(index, run_jobs(jobs, self.limits, self.workers), strict=True):
             verdicts[i] = self._verdict(outcome)
+            if self.suite == "strengthened" and rows[i].get("tests_suite") != "strengthened":
+                v = verdicts[i]
+                why = f"{v.reason} (no strengthened tests for this prompt: its original tests)"
+                verdicts[i] = Verdict(v.score, v.passed, why)
             elapsed[i] = outcome.elapsed_ms
         return verdict_frame(self.name, batch["candidate_id"].to_list(), verdicts, elapsed)
 

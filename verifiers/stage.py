@@ -50,7 +50,11 @@ def verify_batch(
     with a model on the accelerator runs inside `device_slot(name)`."""
     import polars as pl
 
-    from thresher.stores.queries import candidates_to_verify, prompts_to_verify
+    from thresher.stores.queries import (
+        candidates_to_verify,
+        prompts_to_verify,
+        with_strengthened_tests,
+    )
     from thresher.stores.tables import write_verdicts
     from thresher.verifiers import get_verifier, runner_for, traits
 
@@ -68,6 +72,8 @@ def verify_batch(
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
+        if (settings.options.get(name) or {}).get("tests") == "strengthened":
+            todo = with_strengthened_tests(lake, todo)
         if traits(name)["uses_device"]:
             # a model on the accelerator: scored here, one stage at a time
             with device_slot(name) if device_slot else nullcontext():
