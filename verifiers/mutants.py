@@ -169,7 +169,7 @@ def _variants(value) -> list:
     if t is bool:
         return [not value]
     if t is int:
-        return [value + 1, value - 1, -value, 0, 1, -1, value * 2]
+        return [value + 1, value - 1, -value, 0, 1, -1, value * 2, value * 10]
     if t is float:
         return [value * 2, -value, value + 0.5, 0.0]
     if t is str:
@@ -179,10 +179,11 @@ def _variants(value) -> list:
         return out
     if t in (list, tuple):
         items = list(value)
-        out = [items[::-1], items[:-1], items + items[:1], []]
+        out = [items[::-1], items[:-1], items + items[:1], [], items[1:] + items[:1]]
         if items:
+            out.append(items[-1:] + items[:-1])
             try:
-                out.append(sorted(items))
+                out += [sorted(items), sorted(items, reverse=True)]
             except TypeError:
                 pass
             out += [[v, *items[1:]] for v in _variants(items[0])[:3]]
@@ -255,11 +256,13 @@ def _stdin_variants(text: str) -> list[str]:
         numbers = [i for i, tok in enumerate(tokens) if tok.lstrip("-").isdigit()]
         for i in numbers:
             v = int(tokens[i])
-            for new in (v + 1, v - 1, v * 2, 0 if v else 1):
+            for new in (v + 1, v - 1, v * 2, v * 10, 0 if v else 1):
                 changed = [*tokens[:i], str(new), *tokens[i + 1 :]]
                 out.append("\n".join([*lines[:li], " ".join(changed), *lines[li + 1 :]]))
         if len(numbers) > 1 and len(numbers) == len(tokens):
-            out.append("\n".join([*lines[:li], " ".join(tokens[::-1]), *lines[li + 1 :]]))
+            # reversed, and rotated both ways: each end gets another value
+            for order in (tokens[::-1], tokens[1:] + tokens[:1], tokens[-1:] + tokens[:-1]):
+                out.append("\n".join([*lines[:li], " ".join(order), *lines[li + 1 :]]))
     return out
 
 

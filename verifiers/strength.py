@@ -4,16 +4,17 @@ stronger tests made from the reference's own answers on mutated inputs.
 For each code prompt with a reference solution: the reference must pass its own tests
 (else the prompt is flagged and nothing more is done); mutants of the reference run
 against the tests through the judge; new inputs (the tests' own inputs, mutated) run
-through the reference in the sandbox. Every other input the reference answers becomes a
-new test, kept only if the reference then passes it; the rest are held out, so that
-whether a mutant differs from the reference is judged on inputs its tests never saw. A
-mutant that answers every generated input as the reference does is a likely equivalent
-mutant, reported apart from the kill rate.
+through the reference in the sandbox. Of the inputs it answers, some become new tests
+(one per distinct answer first), each kept only if the reference then passes it; a
+sample drawn apart judges whether a mutant differs from the reference, so some of its
+inputs are ones the tests never saw. A mutant that answers every judged input as the
+reference does is a likely equivalent mutant, reported apart from the kill rate.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -172,13 +173,13 @@ def audit_problems(
     outs = _run(
         [
             Job(a.problem.reference, {"inputs": xs}, a.problem.entry)
-            for a, (xs, _) in zip(live, probes, strict=True)
+            for a, xs in zip(live, probes, strict=True)
         ],
-        _probe_limits(limits, 2 * inputs),
+        _probe_limits(limits, 4 * inputs),
         workers,
     )
-    for a, (xs, keys), out in zip(live, probes, outs, strict=True):
-        _keep_answered(a, xs, out.values or [], keys)
+    for a, xs, out in zip(live, probes, outs, strict=True):
+        _keep_answered(a, xs, out.values or [], inputs)
     progress("the strengthened tests against the references")
     _confirm_with_reference(live, limits, workers)
     progress("the mutants against the strengthened tests")
@@ -186,24 +187,15 @@ def audit_problems(
     return audits
 
 
-def _new_inputs(a: Audit, n: int) -> tuple[list, set[str]]:
-    """n inputs for new tests (the nearest variants of the tests' own inputs first), and n
-    more drawn apart (a uniform seeded sample of all generated inputs, so some may be
-    tests too) to judge whether a mutant differs: all of them, tests first, and the tests'
-    keys."""
+def _new_inputs(a: Audit, n: int) -> list:
+    """Up to 4n generated inputs, the nearest variants of the tests' own inputs first."""
     p = a.problem
     if p.style == "stdio":
-        seeds = [t["input"] for t in p.parsed]
-        make = mutate_stdin
+        xs = mutate_stdin([t["input"] for t in p.parsed], 4 * n, p.prompt_id)
     else:
-        seeds = call_inputs(p.parsed, p.entry)
-        make = mutate_inputs
-    tests = make(seeds, n, p.prompt_id)
-    keys = {repr(x) for x in tests}
-    judge = make(seeds, n, f"{p.prompt_id}/judge", near_first=False)
-    judge = [x for x in judge if repr(x) not in keys]
-    a.generated = len(tests) + len(judge)
-    return tests + judge, keys
+        xs = mutate_inputs(call_inputs(p.parsed, p.entry), 4 * n, p.prompt_id)
+    a.generated = len(xs)
+    return xs
 
 
 def _probe_limits(limits: Limits, inputs: int) -> Limits:
@@ -212,10 +204,13 @@ def _probe_limits(limits: Limits, inputs: int) -> Limits:
     return replace(limits, timeout_s=max(limits.timeout_s, per * inputs + 5))
 
 
-def _keep_answered(a: Audit, xs: list, values: list, test_keys: set[str]) -> None:
-    """Inputs the reference answers: those drawn for tests become (input, test) pairs, the
-    rest only judge mutants; the inputs it fails on are dropped, with why."""
+def _keep_answered(a: Audit, xs: list, values: list, n: int) -> None:
+    """Of the inputs the reference answers, n become tests (in turn: the next input with an
+    answer not seen yet, and the next nearest input) and a uniform seeded sample of n more,
+    drawn apart, judges whether a mutant differs (some of those may be tests too); the
+    inputs it fails on are dropped, with why."""
     call = "candidate" if a.problem.style == "check" else a.problem.entry
+    answered = []
     for x, value in zip(xs, values, strict=False):
         if "error" in value:
             timed_out = "time" in value["error"]
@@ -231,11 +226,24 @@ def _keep_answered(a: Audit, xs: list, values: list, test_keys: set[str]) -> Non
             if test is None:
                 _drop(a, "no literal form for an argument or the value")
                 continue
-        a.answers.append((x, value))
-        if repr(x) in test_keys:
-            a.kept.append((x, test))
+        answered.append((x, value, test))
     for _ in range(len(xs) - len(values)):
         _drop(a, "not run")
+    seen, first, rest = set(), [], []
+    for item in answered:
+        key = json.dumps(item[1], sort_keys=True)
+        (rest if key in seen else first).append(item)
+        seen.add(key)
+    tests, taken = [], set()
+    for pair in zip(first + rest, answered, strict=True):  # new answers and nearest, in turn
+        for item in pair:
+            if repr(item[0]) not in taken and len(tests) < n:
+                taken.add(repr(item[0]))
+                tests.append(item)
+    judge = random.Random(f"{a.problem.prompt_id}/judge").sample(answered, min(n, len(answered)))
+    a.kept = [(x, test) for x, _, test in tests]
+    union = {repr(x): (x, value) for x, value, _ in tests + judge}
+    a.answers = list(union.values())
 
 
 def _confirm_with_reference(live: list[Audit], limits: Limits, workers: int | None) -> None:
