@@ -332,6 +332,7 @@ def test_workers_are_replaced_after_a_timeout():
         "\\boxed{" * 15_000,
         "<answer>" * 12_000,
         "answer is" + " " * 100_000 + "x",
+        ("1 is" + " " * 50) * 2_000 + "the answer",  # "X is the answer", never found
         "#### " + " " * 100_000 + "x",
         "1 " * 50_000 + "x" * 3_000,
         " " + "1+" * 50_000 + "1",

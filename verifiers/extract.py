@@ -16,7 +16,7 @@ _TAG_OPEN, _TAG_CLOSE = "<answer>", "</answer>"
 _ANSWER_IS = re.compile(r"answer\s*(?:is\s*:?|:)\s*", re.IGNORECASE)
 # "0.81 is the final answer": the value stands before its marker (read from a short window
 # before it, so that no scan runs back over the whole text)
-_IS_ANSWER = re.compile(r"\s+is\s+(?:the\s+|my\s+|our\s+)?(?:final\s+)?answer\b", re.IGNORECASE)
+_IS_ANSWER = re.compile(r"(?<=\s)is\s+(?:the\s+|my\s+|our\s+)?(?:final\s+)?answer\b", re.IGNORECASE)
 _BEFORE_MARK = 60
 # the words that lead into the next statement ("... 30. So the final answer is 40")
 _LEAD_IN = re.compile(
@@ -177,11 +177,11 @@ def answer_statements(text: str) -> list[str]:
     out = []
     for line in text.split("\n"):
         marks = list(_ANSWER_IS.finditer(line))
-        befores = [(m.start(), _word_before(line, m.start())) for m in _IS_ANSWER.finditer(line)]
+        befores = [_word_before(line, m.start()) for m in _IS_ANSWER.finditer(line)]
         befores = [(at, word) for at, word in befores if word]
         if not marks and not befores:
             continue
-        ends = sorted([m.start() for m in marks] + [at - len(w) for at, w in befores])
+        ends = sorted([m.start() for m in marks] + [at for at, _ in befores])
         said = []
         for mark, after in zip(marks, [*marks[1:], None][: len(marks)], strict=True):
             end = next((e for e in ends if e >= mark.end()), len(line))
@@ -196,18 +196,18 @@ def answer_statements(text: str) -> list[str]:
     return out
 
 
-def _word_before(line: str, at: int) -> str:
-    """The value just before "is the answer" at `at`: a $...$ span, or a token with a digit
-    in it; else ''."""
-    before = line[max(0, at - _BEFORE_MARK) : at].rstrip()
+def _word_before(line: str, at: int) -> tuple[int, str]:
+    """Where the value just before "is the answer" (its "is" at `at`) starts, and the value:
+    a $...$ span, or a token with a digit in it; else (at, '')."""
+    start = max(0, at - _BEFORE_MARK)
+    before = line[start:at].rstrip()
     if before.endswith("$"):
         opened = before.rfind("$", 0, len(before) - 1)
         if opened >= 0:
-            return before[opened:]
-    window = before.split()
-    word = window[-1].strip("*_,;:'\"") if window else ""
-    word = word.rstrip(".")
-    return word if any(c.isdigit() for c in word) else ""
+            return start + opened, before[opened:]
+    cut = max(before.rfind(" "), before.rfind("\t")) + 1
+    word = before[cut:].strip("*_,;:'\"").rstrip(".")
+    return (start + cut, word) if any(c.isdigit() for c in word) else (at, "")
 
 
 def _unwrap_dollars(answer: str) -> str:
