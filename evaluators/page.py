@@ -527,6 +527,31 @@ def _test_section(lake: Lake, name: str | None) -> list[str]:
     ]
 
 
+def _strength_section(lake: Lake) -> list[str]:
+    """How strong the code prompts' tests are (`thresher tests-audit`), when audited."""
+    from thresher.evaluators.report import test_strength_tables
+
+    summary, weak = test_strength_tables(lake)
+    if summary.is_empty():
+        return []
+    parts = [
+        "<h2>Test strength</h2>",
+        "<p>Per dataset and suite (<code>thresher tests-audit</code>): the share of the "
+        "reference solution's mutants the tests kill, likely equivalent mutants left out; "
+        "the strengthened suite adds tests made from the reference's answers on mutated "
+        "inputs. weak: prompts under 0.8.</p>",
+        _html_table(summary),
+    ]
+    if not weak.is_empty():
+        parts += [
+            f"<p>Weak prompts (original tests; {weak.height} shown, the weakest first): a "
+            "reference that fails its own tests, or a kill rate under 0.8. "
+            "<code>select.min_test_strength</code> keeps their candidates out of training.</p>",
+            _html_table(weak),
+        ]
+    return parts
+
+
 def _cell(value) -> str:
     if value is None:
         return "–"
@@ -606,6 +631,7 @@ def _page(
         *_signal_section(lake, name),
         *_forgetting_section(lake, name),
         *_test_section(lake, name),
+        *_strength_section(lake),
     ]
     for file, note in plots.items():
         parts += before_plot.get(file, [])

@@ -393,3 +393,15 @@ def gain_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFra
         .sort(pl.col("task") != "all", "task")
         .select("task", "round", "prompts", "base", "after", "gain", "low", "high")
     )
+
+
+def test_strength_tables(lake: Lake) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Test strength per dataset and suite (`test_strength_summary`), and the weak prompts
+    of the original suites (`weak_prompts`, weakest first); empty without audits."""
+    summary = lake.query("SELECT * FROM test_strength_summary")
+    weak = lake.query(
+        "SELECT dataset, prompt_id, reference_passes, round(kill_rate, 4) AS kill_rate, "
+        "mutants, killed, equivalent, note FROM weak_prompts WHERE suite = 'original' "
+        "ORDER BY kill_rate NULLS FIRST, dataset, prompt_id LIMIT 50"
+    )
+    return summary, weak

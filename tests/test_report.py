@@ -557,3 +557,52 @@ def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
         "a": 0.75,
         "b": 0.0,
     }
+
+
+def test_the_report_shows_test_strength_when_audited(rounds_lake, tmp_path):
+    from thresher.stores.tables import write_test_strength
+
+    page = write_report(rounds_lake, tmp_path / "before", name="alpha")
+    assert "Test strength" not in page.read_text()
+    row = {"dataset": "code", "tests": "[]", "mutants": 10, "equivalent": 1, "survivors": "[]"}
+    write_test_strength(
+        rounds_lake,
+        [
+            {
+                **row,
+                "audit_id": "a1",
+                "prompt_id": "p1",
+                "suite": "original",
+                "reference_passes": True,
+                "killed": 6,
+                "kill_rate": 6 / 9,
+            },
+            {
+                **row,
+                "audit_id": "a1",
+                "prompt_id": "p1",
+                "suite": "strengthened",
+                "reference_passes": True,
+                "killed": 9,
+                "kill_rate": 1.0,
+                "kept": 12,
+            },
+            {
+                **row,
+                "audit_id": "a2",
+                "prompt_id": "p2",
+                "suite": "original",
+                "reference_passes": False,
+                "mutants": 0,
+                "killed": 0,
+                "equivalent": 0,
+                "note": "the reference fails its own tests: 0/1 tests passed",
+            },
+        ],
+        run_id=None,
+    )
+    text = write_report(rounds_lake, tmp_path / "after", name="alpha").read_text()
+    assert "<h2>Test strength</h2>" in text
+    assert "<td>0.6667</td>" in text  # p1's original kill rate, a weak prompt
+    assert "the reference fails its own tests" in text  # p2, flagged
+    assert "<td>12</td>" in text  # tests added by the strengthened suite
