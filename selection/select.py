@@ -70,12 +70,14 @@ def decide(
         by_prompt.setdefault(r["prompt_id"], []).append(r)
 
     if spec.min_test_strength is not None:
+        rates = kill_rates or {}
         for r in rows:
-            if r["reason"] is None and r.get("has_tests"):
-                rate = (kill_rates or {}).get(r["prompt_id"], "not audited")
-                if rate is None or rate == "not audited" or rate < spec.min_test_strength:
-                    shown = rate if isinstance(rate, str) else f"{rate or 0:.2f}"
-                    r["reason"] = DropReason.weak_tests.of(shown)
+            if r["reason"] is not None or not r.get("has_tests"):
+                continue
+            if r["prompt_id"] not in rates:
+                r["reason"] = DropReason.weak_tests.of("not audited")
+            elif (rate := rates[r["prompt_id"]]) is None or rate < spec.min_test_strength:
+                r["reason"] = DropReason.weak_tests.of(f"{rate or 0:.2f}")
 
     if spec.max_pass_rate is not None:
         for group in by_prompt.values():

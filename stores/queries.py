@@ -484,11 +484,14 @@ def prompt_kill_rates(
         con.close()
 
 
+def has_dataset(lake: Lake, dataset: str) -> bool:
+    """Whether the lake has prompts of this dataset."""
+    return bool(lake.query("SELECT count(*) FROM prompts WHERE dataset = ?", [dataset]).item())
+
+
 def strength_summary(lake: Lake, dataset: str):
     """A dataset's test-strength summary per suite, and how many prompts' original tests
-    are weak (`weak_prompts`); (None, 0) for a dataset without prompts."""
-    if not lake.query("SELECT count(*) FROM prompts WHERE dataset = ?", [dataset]).item():
-        return None, 0
+    are weak (`weak_prompts`)."""
     df = lake.query(
         "SELECT * EXCLUDE (dataset) FROM test_strength_summary WHERE dataset = ?", [dataset]
     )

@@ -545,6 +545,10 @@ class Referee:
             "values": self.values,
         }
 
+    def per_test(self):
+        """One test's time limit: test_timeout_s, else the job's."""
+        return float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+
     def clean_up(self):
         """Kill every process but the referee and the starter; empty /tmp (inside a sandbox)."""
         if os.getpid() != 1:
@@ -618,7 +622,7 @@ class Referee:
 
     def run_tests(self, job, conn, ns, deadline):
         tests, entry = job["tests"], job.get("entry_point")
-        per_test = float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+        per_test = self.per_test()
         if isinstance(tests, list):
             passed = total = 0
             failure = ""
@@ -716,7 +720,7 @@ class Referee:
     def run_stdio(self, job, deadline):
         """Every test is run (for the share passed) until one runs out of time."""
         tests = job["tests"]
-        per_test = float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+        per_test = self.per_test()
         self.counts = [0, len(tests)]
         failure = ""
         for i, test in enumerate(tests, 1):
@@ -775,7 +779,7 @@ class Referee:
 
         Function inputs are argument lists, called in one process until one times out or
         stops it (then a new one takes the rest); program inputs are stdin texts."""
-        per_test = float(self.limits.get("test_timeout_s") or self.limits["timeout_s"])
+        per_test = self.per_test()
         inputs, self.values = job["tests"]["inputs"], []
         if job["entry_point"] is None:
             for text in inputs:

@@ -220,7 +220,7 @@ def false_equation(answer: Answer) -> str:
     "9071 + 2783 = 3124"), or '' when it is not one."""
     if answer.kind not in ("number", "expr") or "=" not in answer.text:
         return ""
-    sides = [side for side in clean_answer(answer.text).split("=")]
+    sides = clean_answer(answer.text).split("=")
     values = [_arithmetic_value(side) for side in sides]
     known = [(side.strip(), v) for side, v in zip(sides, values, strict=True) if v is not None]
     for (a, x), (b, y) in itertools.pairwise(known):

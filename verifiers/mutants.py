@@ -10,7 +10,7 @@ import ast
 import copy
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _SWAP_BIN = {
@@ -133,33 +133,34 @@ def make_mutants(code: str, entry: str | None, n: int, seed: str) -> list[tuple[
     return out
 
 
-def _literal(node: ast.AST):
-    return ast.literal_eval(node)
-
-
-def call_inputs(tests: str | list, entry: str) -> list[list]:
-    """The argument lists the tests call `entry` (or `candidate`) with, where every
-    argument is a literal; in the order the tests make the calls."""
-    sources = tests if isinstance(tests, list) else [tests]
-    out, seen = [], set()
-    for source in sources:
+def named_calls(tests: str | list) -> Iterator[ast.Call]:
+    """Every call of a plain name (`f(...)`) in the tests (test code or a list of test
+    statements), in order; a test that does not parse has none."""
+    for source in tests if isinstance(tests, list) else [tests]:
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-                continue
-            if node.func.id not in (entry, "candidate") or node.keywords:
-                continue
-            try:
-                args = [_literal(a) for a in node.args]
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-            key = repr(args)
-            if key not in seen:
-                seen.add(key)
-                out.append(args)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                yield node
+
+
+def call_inputs(tests: str | list, entry: str) -> list[list]:
+    """The argument lists the tests call `entry` (or `candidate`) with, where every
+    argument is a literal; in the order the tests make the calls."""
+    out, seen = [], set()
+    for node in named_calls(tests):
+        if node.func.id not in (entry, "candidate") or node.keywords:
+            continue
+        try:
+            args = [ast.literal_eval(a) for a in node.args]
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        key = repr(args)
+        if key not in seen:
+            seen.add(key)
+            out.append(args)
     return out
 
 

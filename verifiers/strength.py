@@ -27,8 +27,9 @@ from thresher.verifiers.mutants import (
     make_mutants,
     mutate_inputs,
     mutate_stdin,
+    named_calls,
 )
-from thresher.verifiers.sandbox import Job, Limits, Outcome, run_jobs
+from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 ORIGINAL, STRENGTHENED = "original", "strengthened"
 
@@ -45,7 +46,6 @@ class Problem:
     entry: str | None  # the function the tests call; None: a stdin/stdout program
     parsed: str | list = ""
     style: str = ""  # "check" (test code), "asserts" or "stdio"
-    notes: list[str] = field(default_factory=list)
 
 
 def reference_of(row: dict) -> tuple[str | None, str | None, str]:
@@ -73,16 +73,7 @@ def _entry_of_asserts(tests: list, code: str) -> str | None:
         defined = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
     except (SyntaxError, ValueError):
         return None
-    for test in tests:
-        try:
-            tree = ast.parse(test)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in defined:
-                    return node.func.id
-    return None
+    return next((n.func.id for n in named_calls(tests) if n.func.id in defined), None)
 
 
 def problem_of(row: dict) -> tuple[Problem | None, str]:
@@ -135,10 +126,6 @@ def _drop(audit: Audit, why: str) -> None:
     audit.dropped[why] = audit.dropped.get(why, 0) + 1
 
 
-def _run(jobs: list[Job], limits: Limits, workers: int | None) -> list[Outcome]:
-    return run_jobs(jobs, limits, workers) if jobs else []
-
-
 def _decode(value: dict):
     return harness.decode(value["ok"])
 
@@ -155,7 +142,7 @@ def audit_problems(
     limits = limits or Limits(timeout_s=10, test_timeout_s=1)
     audits = [Audit(p) for p in problems]
     progress("the references against their own tests")
-    outs = _run(
+    outs = run_jobs(
         [_judge(a.problem, a.problem.reference, a.problem.tests) for a in audits], limits, workers
     )
     for a, out in zip(audits, outs, strict=True):
@@ -165,12 +152,12 @@ def audit_problems(
         a.mutants = make_mutants(a.problem.reference, a.problem.entry, mutants, a.problem.prompt_id)
     progress("the mutants against the original tests")
     jobs = [_judge(a.problem, code, a.problem.tests) for a in live for _, code in a.mutants]
-    outs = iter(_run(jobs, limits, workers))
+    outs = iter(run_jobs(jobs, limits, workers))
     for a in live:
         a.killed = [not next(outs).passed for _ in a.mutants]
     progress("new inputs through the references")
     probes = [_new_inputs(a, inputs) for a in live]
-    outs = _run(
+    outs = run_jobs(
         [
             Job(a.problem.reference, {"inputs": xs}, a.problem.entry)
             for a, xs in zip(live, probes, strict=True)
@@ -251,20 +238,19 @@ def _confirm_with_reference(live: list[Audit], limits: Limits, workers: int | No
     strengthened suite fails)."""
     for a in live:
         a.strong_tests = extend_tests(a.problem.parsed, [t for _, t in a.kept], a.problem.entry)
-    outs = _run(
-        [_judge(a.problem, a.problem.reference, a.strong_tests) for a in live if a.kept],
+    extended = [a for a in live if a.kept]
+    outs = run_jobs(
+        [_judge(a.problem, a.problem.reference, a.strong_tests) for a in extended],
         limits,
         workers,
     )
-    failing = [
-        a for a, out in zip([a for a in live if a.kept], outs, strict=True) if not out.passed
-    ]
+    failing = [a for a, out in zip(extended, outs, strict=True) if not out.passed]
     jobs = [
         _judge(a.problem, a.problem.reference, extend_tests(a.problem.parsed, [t], a.problem.entry))
         for a in failing
         for _, t in a.kept
     ]
-    outs = iter(_run(jobs, limits, workers))
+    outs = iter(run_jobs(jobs, limits, workers))
     for a in failing:
         passing = [kt for kt in a.kept if next(outs).passed]
         for _ in range(len(a.kept) - len(passing)):
@@ -278,8 +264,8 @@ def _judge_strengthened(live: list[Audit], limits: Limits, workers: int | None) 
     input (the reference's answers on all of them: a likely equivalent mutant)."""
     survivors = [(a, i) for a in live for i, k in enumerate(a.killed) if not k]
     jobs = [_judge(a.problem, a.mutants[i][1], a.strong_tests) for a, i in survivors]
-    strong = _run(jobs, limits, workers)
-    probes = _run(
+    strong = run_jobs(jobs, limits, workers)
+    probes = run_jobs(
         [
             Job(a.mutants[i][1], {"inputs": [x for x, _ in a.answers]}, a.problem.entry)
             for a, i in survivors

@@ -118,11 +118,11 @@ def tests_audit(
     drops candidates of weak prompts. A re-run with the same settings audits nothing.
     """
     from thresher.flows.cli.lake import _open_lake
-    from thresher.stores.queries import strength_summary
+    from thresher.stores.queries import has_dataset, strength_summary
     from thresher.verifiers.strength import audit_dataset
 
     lk = _open_lake(lake)
-    if strength_summary(lk, dataset)[0] is None:
+    if not has_dataset(lk, dataset):
         fail(f"no prompts in dataset {dataset!r}: ingest it first (thresher ingest)")
     summary = audit_dataset(
         lk,
