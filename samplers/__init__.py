@@ -8,12 +8,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from thresher.identities import sampling_params
 from thresher.ids import content_id
 
-
-def sampling_params(cfg: Any) -> dict[str, Any]:
-    """The parameters that make a candidate what it is (k is not: raising k tops up)."""
-    return cfg.sampling.model_dump(exclude={"k"})
+__all__ = ["candidate_id", "candidate_ids", "candidate_rows", "expected_ids", "sampling_params"]
 
 
 def candidate_id(

@@ -98,10 +98,27 @@ def variants() -> dict[str, tuple[str, dict]]:
     }
 
 
+def build(kind: str, data: dict):
+    """The validated config of `kind` from `data`."""
+    from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
+
+    model = {
+        "curate": CurateConfig,
+        "train": TrainConfig,
+        "eval": EvalConfig,
+        "bootstrap": BootstrapConfig,
+    }[kind]
+    return model(**data)
+
+
 def ids_of(kind: str, data: dict) -> dict[str, object]:
     """Every identity a config of `kind` determines, by name."""
-    from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
-    from thresher.flows import identities as ident
+    return ids_of_config(kind, build(kind, data))
+
+
+def ids_of_config(kind: str, cfg) -> dict[str, object]:
+    """Every identity config `cfg` (of `kind`) determines, by name."""
+    from thresher import identities as ident
     from thresher.samplers import candidate_id, sampling_params
 
     def curate(cfg) -> dict[str, object]:
@@ -113,13 +130,11 @@ def ids_of(kind: str, data: dict) -> dict[str, object]:
         }
 
     if kind == "curate":
-        return curate(CurateConfig(**data))
+        return curate(cfg)
     if kind == "train":
-        return {"train": ident.train_run_id(TrainConfig(**data), ROWS)}
+        return {"train": ident.train_run_id(cfg, ROWS)}
     if kind == "eval":
-        cfg = EvalConfig(**data)
         return {"eval": ident.eval_run_id(cfg), **curate(cfg.as_curate())}
-    cfg = BootstrapConfig(**data)
     out: dict[str, object] = {"bootstrap": ident.bootstrap_run_id(cfg)}
     for r in (0, 1):
         model = cfg.base_model if r == 0 else f"models/round-{r}"

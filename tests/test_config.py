@@ -1,7 +1,7 @@
 import pytest
 
 from thresher.config import ConfigError, CurateConfig, load_config
-from thresher.flows.identities import run_id_for
+from thresher.identities import run_id_for
 
 BASE = {"name": "x", "model": "m", "prompts": {"dataset": "d"}}
 

@@ -153,7 +153,7 @@ def test_config_keeps_one_process_by_default_and_a_global_batch():
     from pydantic import ValidationError
 
     from thresher.config import TrainConfig
-    from thresher.flows.identities import train_run_id
+    from thresher.identities import train_run_id
 
     cfg = TrainConfig(name="t", base_model="m", batch_size=4)
     assert cfg.distributed.processes == 1 and cfg.distributed.strategy == "ddp"

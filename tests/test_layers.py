@@ -28,8 +28,14 @@ ALLOWED = {
     "stores": set(),
 }
 # shared module -> the work packages it may import (lazily, inside a function): the config
-# checks verifier names against the verifiers' registry when it validates
-SHARED_ALLOWED = {"thresher/config.py": {"verifiers"}}
+# checks verifier names against the verifiers' registry when it validates, and a run's
+# identities and plan hold each verifier's digest and traits from that registry
+SHARED_ALLOWED = {
+    "thresher/config/verify.py": {"verifiers"},
+    "thresher/config/curate.py": {"verifiers"},
+    "thresher/identities.py": {"verifiers"},
+    "thresher/plan.py": {"verifiers"},
+}
 
 PROBE = """
 import importlib, json, pkgutil, sys

@@ -94,7 +94,9 @@ def test_bad_mixes_are_refused():
 def test_a_config_without_a_mix_dumps_as_before():
     """Run ids are digests of the dump: configs without a mix keep theirs."""
     cfg = TrainConfig(name="t", base_model="m")
-    assert "mix" not in cfg.model_dump() and "mix_rows" not in cfg.model_dump()
+    from thresher.identities import fields_of
+
+    assert "mix" not in fields_of(cfg, "train") and "mix_rows" not in fields_of(cfg, "train")
     mixed = TrainConfig(name="t", base_model="m", mix=[{"pipeline": "self", "weight": 1}])
     assert mixed.model_dump()["mix"][0]["weight"] == 1
     assert TrainConfig(**mixed.model_dump()) == mixed
@@ -265,7 +267,7 @@ def test_pipeline_sources_read_all_rounds_or_the_latest(lake, tmp_path):
 
 def test_a_bootstrap_round_trains_on_its_mix_and_without_one_as_before():
     from thresher.config import BootstrapConfig
-    from thresher.flows.identities import bootstrap_run_id, train_run_id
+    from thresher.identities import bootstrap_run_id, fields_of, train_run_id
 
     base = dict(
         name="b",
@@ -274,7 +276,7 @@ def test_a_bootstrap_round_trains_on_its_mix_and_without_one_as_before():
         eval={"prompts": {"dataset": "d", "split": "eval"}},
     )
     plain = BootstrapConfig(**base)
-    assert "mix" not in plain.model_dump()["train"]
+    assert "mix" not in fields_of(plain, "bootstrap")["train"]
     mix = [{"pipeline": "self", "rounds": "latest", "weight": 4}, {"dataset": "g", "weight": 1}]
     mixed = BootstrapConfig(**base, train={"mix": mix, "mix_rows": 1000})
     step = mixed.train_config(2)

@@ -226,7 +226,7 @@ def test_a_headroom_gate_needs_a_k_above_one():
 
 
 def test_the_gate_thresholds_leave_the_bootstrap_run_id_alone():
-    from thresher.flows.identities import bootstrap_run_id
+    from thresher.identities import bootstrap_run_id
 
     config = {
         "name": "b",

@@ -497,8 +497,8 @@ def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
     carry the first run's id, and its per-task rates still come from them."""
     from thresher.config import EvalConfig
     from thresher.evaluators.report import eval_prompt_rates, task_pass_by_round
+    from thresher.identities import verifier_digests
     from thresher.samplers import expected_ids, sampling_params
-    from thresher.verifiers.stage import verifier_digests
 
     prompts = {"e0": "a", "e1": "a", "e2": "b"}
     lake.append(

@@ -226,8 +226,10 @@ def test_min_test_strength_drops_candidates_of_weak_and_unaudited_prompts():
     reasons = {r["candidate_id"]: r["reason"] for r in rows}
     assert reasons == {"a": None, "b": "weak_tests:0.75", "c": "weak_tests:not audited", "d": None}
     # unset, the settings dump (and identify selections) as before
-    assert "min_test_strength" not in SelectConfig().model_dump()
-    assert SelectConfig(min_test_strength=0.8).model_dump()["min_test_strength"] == 0.8
+    from thresher.identities import fields_of
+
+    assert "min_test_strength" not in fields_of(SelectConfig(), "selection")
+    assert fields_of(SelectConfig(min_test_strength=0.8), "selection")["min_test_strength"] == 0.8
 
 
 def test_cli_tests_audit_prints_both_suites(lake, tmp_path):

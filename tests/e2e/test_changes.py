@@ -16,8 +16,8 @@ from thresher.config import CurateConfig, EvalConfig, TrainConfig
 from thresher.flows.cli.pipelines import reuse_line
 from thresher.flows.curate import run_curate
 from thresher.flows.evaluate import run_eval
-from thresher.flows.identities import selection_id_for
 from thresher.flows.train import run_train
+from thresher.identities import selection_id_for
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 

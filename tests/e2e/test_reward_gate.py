@@ -13,7 +13,7 @@ from thresher.config import BootstrapConfig, CurateConfig
 from thresher.flows.bootstrap import run_bootstrap
 from thresher.flows.cli import app
 from thresher.flows.curate import run_curate
-from thresher.flows.identities import run_id_for
+from thresher.identities import run_id_for
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 from thresher.stores.runs import latest_rm_check

@@ -11,7 +11,7 @@ import yaml
 from helpers import kept_pipeline
 
 from thresher.config import TrainConfig
-from thresher.flows.identities import rows_digest
+from thresher.identities import rows_digest
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 from thresher.trainers.mix import mixed_rows

@@ -1,0 +1,103 @@
+"""Pipeline configs: one YAML file per pipeline, checked by pydantic once, at load.
+
+One module per section: `engine` (prompts, sampling, where the engine runs), `verify`,
+`select`, `curate` (gates, difficulty, rationalization, the curate pipeline), `train`,
+`eval` and `bootstrap`, which composes the curate, train and eval sections. `base` says
+how a field counts in identities (thresher.identities). Stages take their own section."""
+
+from thresher.config.base import ConfigError, StageConfig, load_config, never, skipped_by
+from thresher.config.bootstrap import (
+    AuditGateConfig,
+    BootstrapConfig,
+    BootstrapTrainConfig,
+    MonitorsGateConfig,
+    RollbackConfig,
+)
+from thresher.config.curate import (
+    SEALED,
+    CurateConfig,
+    CurateSections,
+    DifficultyConfig,
+    GatedStage,
+    GatesConfig,
+    RationalizeConfig,
+    gates_moved_out_of_select,
+)
+from thresher.config.engine import (
+    EXECUTOR_HELP,
+    CompactConfig,
+    EngineConfig,
+    EngineStage,
+    Executor,
+    PromptsConfig,
+    RayConfig,
+    SamplingConfig,
+    ServerConfig,
+)
+from thresher.config.eval import (
+    FORGETTING,
+    BootstrapEvalConfig,
+    EvalConfig,
+    ForgettingCheckConfig,
+    HeldOut,
+    forgetting_name,
+)
+from thresher.config.select import DecontamConfig, SelectConfig
+from thresher.config.train import (
+    SELF,
+    DistributedConfig,
+    EarlyStoppingConfig,
+    LoraConfig,
+    MixSource,
+    TrainConfig,
+    TrainDataConfig,
+    TrainSettings,
+)
+from thresher.config.verify import VerifyConfig
+
+__all__ = [
+    "EXECUTOR_HELP",
+    "FORGETTING",
+    "SEALED",
+    "SELF",
+    "AuditGateConfig",
+    "BootstrapConfig",
+    "BootstrapEvalConfig",
+    "BootstrapTrainConfig",
+    "CompactConfig",
+    "ConfigError",
+    "CurateConfig",
+    "CurateSections",
+    "DecontamConfig",
+    "DifficultyConfig",
+    "DistributedConfig",
+    "EarlyStoppingConfig",
+    "EngineConfig",
+    "EngineStage",
+    "EvalConfig",
+    "Executor",
+    "ForgettingCheckConfig",
+    "GatedStage",
+    "GatesConfig",
+    "HeldOut",
+    "LoraConfig",
+    "MixSource",
+    "MonitorsGateConfig",
+    "PromptsConfig",
+    "RationalizeConfig",
+    "RayConfig",
+    "RollbackConfig",
+    "SamplingConfig",
+    "SelectConfig",
+    "ServerConfig",
+    "StageConfig",
+    "TrainConfig",
+    "TrainDataConfig",
+    "TrainSettings",
+    "VerifyConfig",
+    "forgetting_name",
+    "gates_moved_out_of_select",
+    "load_config",
+    "never",
+    "skipped_by",
+]

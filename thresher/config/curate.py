@@ -1,0 +1,209 @@
+"""The curate pipeline's config: its gates, difficulty, rationalization and sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from thresher.config.base import _Strict, never
+from thresher.config.engine import EngineStage, PromptsConfig, ServerConfig
+from thresher.config.select import SelectConfig
+from thresher.config.verify import VerifyConfig
+
+
+class GatesConfig(_Strict):
+    """Checks that decide whether a pipeline may run, not what it makes: left out of the
+    selection's and the run's identity, so changing them neither resamples nor reselects."""
+
+    min_pairwise_accuracy: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="a pipeline using the `reward` verifier runs only when its reward model's "
+        "latest `thresher rm-check` measured at least this pairwise accuracy on held-out "
+        "preference pairs (a gate: it changes nothing selected)",
+    )
+    force_reward_model: bool = Field(
+        False,
+        description="run with the reward model even when it was never checked or its "
+        "pairwise accuracy is below min_pairwise_accuracy (the run's summary records it)",
+    )
+
+
+def gates_moved_out_of_select(data: Any) -> Any:
+    """Configs written before the gates had a section of their own still load."""
+    if not isinstance(data, dict) or not isinstance(data.get("select"), dict):
+        return data
+    moved = {k: data["select"][k] for k in GatesConfig.model_fields if k in data["select"]}
+    if not moved:
+        return data
+    import warnings
+
+    warnings.warn(
+        f"select.{', select.'.join(moved)} moved to gates: (read from select this time)",
+        FutureWarning,
+        stacklevel=2,
+    )
+    select = {k: v for k, v in data["select"].items() if k not in moved}
+    return {**data, "select": select, "gates": {**moved, **(data.get("gates") or {})}}
+
+
+class DifficultyConfig(_Strict):
+    """Difficulty-aware sampling, from pass rates this pipeline measured in earlier rounds."""
+
+    counted_at_default = frozenset({"skip_solved_above", "hard_below", "hard_k"})
+
+    skip_solved_above: float | None = Field(
+        None, ge=0, le=1, description="skip prompts last solved at this rate or more"
+    )
+    hard_below: float | None = Field(
+        None, ge=0, le=1, description="prompts last solved at a lower rate than this ..."
+    )
+    hard_k: int | None = Field(None, ge=1, description="... get this many candidates")
+    retire_after: int | None = Field(
+        None,
+        ge=1,
+        description="stop sampling a prompt that had no passing candidate in this many "
+        "curated rounds in a row (it carries no signal; view retired_prompts lists them)",
+    )
+    # the band only reports: it changes nothing sampled or selected
+    min_pass_rate: float = never(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="the band of pass rates that carries signal: a prompt solved more often "
+        "than this ...",
+    )
+    max_pass_rate: float = never(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="... and less often than this; reported as the share of prompts in the "
+        "band (nothing is dropped for it)",
+    )
+
+    @model_validator(mode="after")
+    def _hard_pair(self) -> DifficultyConfig:
+        if (self.hard_below is None) != (self.hard_k is None):
+            raise ValueError("hard_below and hard_k go together")
+        if self.min_pass_rate >= self.max_pass_rate:
+            raise ValueError("min_pass_rate must be below max_pass_rate")
+        return self
+
+    def in_band(self, rate: float) -> bool:
+        """Whether a prompt solved at `rate` carries signal (strictly inside the band)."""
+        return self.min_pass_rate < rate < self.max_pass_rate
+
+
+class RationalizeConfig(_Strict):
+    """STaR rationalization: prompts with no passing candidate are sampled again with
+    the reference answer as a hint; passing hinted candidates train without the hint."""
+
+    counted_at_default = frozenset({"enabled", "k", "hint", "max_share"})
+
+    enabled: bool = False
+    k: int = Field(4, ge=1, description="hinted candidates per unsolved prompt")
+    hint: str = Field(
+        "{prompt} (Hint: the answer is {answer}.)",
+        description="the hinted prompt; {prompt} and {answer} are filled in",
+    )
+    max_share: float | None = Field(
+        0.5, gt=0, le=1, description="most hinted candidates among those kept (per batch)"
+    )
+
+    @model_validator(mode="after")
+    def _hint_fields(self) -> RationalizeConfig:
+        if "{answer}" not in self.hint or "{prompt}" not in self.hint:
+            raise ValueError("hint must contain {prompt} and {answer}")
+        return self
+
+
+SEALED = (
+    "the test split is sealed: curate, train, bootstrap and audits never read it; open it "
+    "with a final evaluation (`thresher eval --split test --final`), which is recorded"
+)
+
+
+class GatedStage(EngineStage):
+    """An engine stage with gates: checks that decide whether it may run at all."""
+
+    gates: GatesConfig = never(default_factory=GatesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gates_section(cls, data: Any) -> Any:
+        return gates_moved_out_of_select(data)
+
+
+class CurateSections(_Strict):
+    """What a curate round samples, verifies and selects (a bootstrap has them too)."""
+
+    counted_at_default = frozenset({"prompts", "verify", "select", "difficulty", "rationalize"})
+
+    prompts: PromptsConfig
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
+    difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
+    rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
+
+    def curate_sections(self) -> dict[str, Any]:
+        """These sections by name (to build a curate config from another that has them)."""
+        return {f: getattr(self, f) for f in CurateSections.model_fields}
+
+
+class CurateConfig(GatedStage, CurateSections):
+    """A curate pipeline: sample, verify and select one round."""
+
+    counted_at_default = frozenset({"model", "lora", "round", "server"})
+
+    model: str = Field(description="a local model folder vLLM can load (or the server's name)")
+    lora: str | None = Field(None, description="a LoRA adapter folder applied to `model`")
+    round: int = Field(0, ge=0)
+    server: ServerConfig | None = None
+
+    @model_validator(mode="after")
+    def _test_split_is_sealed(self, info: ValidationInfo) -> CurateConfig:
+        if self.prompts.split == "test" and not (info.context or {}).get("open_test"):
+            raise ValueError(SEALED)
+        return self
+
+    @model_validator(mode="after")
+    def _lora_needs_local_engine(self) -> CurateConfig:
+        if self.lora and self.server:
+            raise ValueError("lora applies to the local engine; a server loads adapters itself")
+        if self.server and self.executor != "local":
+            raise ValueError("executor: ray runs its own engines; it does not apply to a server")
+        _judge_shares_the_engine(self)
+        return self
+
+    @property
+    def placement(self) -> Literal["local", "server", "ray"]:
+        """Where sampling runs: a server when one is set, else the executor's engines."""
+        return "server" if self.server else self.executor
+
+    @property
+    def model_id(self) -> str:
+        """What the `model` column records: the model, plus the adapter when there is one."""
+        return f"{self.model}+lora:{self.lora}" if self.lora else self.model
+
+
+def _judge_shares_the_engine(cfg: CurateConfig) -> None:
+    """A local `judge` model runs on the process's one engine: it must be the sampling
+    model, else every batch would swap engines (a minute each); a judge of another model
+    belongs on a server (judge.server)."""
+    from thresher.verifiers import local_judge_model
+
+    if "judge" not in cfg.verify.all_names():
+        return
+    judge = local_judge_model(cfg.verify.options)
+    if judge is None:
+        return
+    same = Path(judge).resolve() == Path(cfg.model).resolve()
+    if cfg.placement != "local" or not same:
+        raise ValueError(
+            "a local judge model shares this process's one engine with sampling, so it must "
+            "be the model that samples with a local engine; serve the judge model (e.g. "
+            "`vllm serve`) and set verify.options.judge.server and served_model instead"
+        )
