@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from thresher.config import CurateConfig
 from thresher.ids import content_id
+from thresher.plan import RoundPlan
 from thresher.samplers import candidate_rows, expected_ids, sampling_params
 from thresher.stores.lake import Lake
 
@@ -90,19 +91,19 @@ def sample_batch(
 def rationalize_batch(
     lake: Lake,
     cfg: CurateConfig,
-    run_id: str,
+    plan: RoundPlan,
     batch: list[dict],
     candidate_ids: list[str],
-    digests: dict[str, str],
     before_engine: Callable[[], None] | None = None,
 ) -> Sampled:
     """Sample the batch's unsolved prompts (no passing candidate among `candidate_ids`
-    under the verdicts `digests` name) again with the reference answer as a hint."""
+    under the plan's rule and verdicts) again with the reference answer as a hint."""
     from thresher.samplers.difficulty import hinted_prompt
     from thresher.stores.queries import unsolved_prompts
 
     hints = cfg.rationalize
-    unsolved = set(unsolved_prompts(lake, candidate_ids, cfg.verify.rule, digests))
+    unsolved = set(unsolved_prompts(lake, candidate_ids, plan.rule, plan.digests))
+    run_id = plan.run_id
     todo = []
     for p in batch:
         if p["prompt_id"] in unsolved and p.get("answer") is not None:

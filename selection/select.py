@@ -22,6 +22,7 @@ import numpy as np
 
 from thresher.config import SelectConfig
 from thresher.ids import seeded_key
+from thresher.plan import RoundPlan
 from thresher.stores.lake import Lake
 from thresher.stores.schemas import DropReason
 
@@ -166,43 +167,37 @@ def _rank(alive: list[dict], spec: SelectConfig) -> list[dict]:
 
 def select_batch(
     lake: Lake,
-    selection_id: str,
-    round_: int,
-    candidate_ids: list[str],
+    plan: RoundPlan,
     settings: SelectConfig,
-    rule: str | None = None,
-    used: dict[str, str] | None = None,
-    ranking: list[str] | None = None,
-    run_id: str | None = None,
+    candidate_ids: list[str],
     eval_index: Any = None,
-    max_hinted_share: float | None = None,
-    suite: str = "original",
 ) -> int:
-    """Write selection `selection_id` of these candidates; returns rows written (0 when
-    this selection of them is in the lake already).
+    """Write the plan's selection of these candidates; returns rows written (0 when this
+    selection of them is in the lake already).
 
-    `rule` (e.g. "math and format") says which verdicts make a candidate pass; by
-    default every verifier that scored it must have passed it. `used` (verifier ->
-    options digest) limits the verdicts read to those settings; the scores of the
-    `ranking` verifiers rank candidates for `top_score`; `suite` is the tests the code
-    verifier ran (original or strengthened), whose strength `min_test_strength` reads.
-    """
+    The plan's rule (e.g. "math and format") says which verdicts make a candidate pass (by
+    default every verifier that scored it must have passed it); its digests limit the
+    verdicts read to the run's verifier options (none: every verdict), its ranking
+    verifiers' scores rank candidates for `top_score`, and its tests suite is the one
+    whose strength `min_test_strength` reads."""
     from thresher.stores.queries import selected_count, selection_inputs
     from thresher.stores.tables import write_selections
 
-    rows = selection_inputs(lake, candidate_ids, rule, used, ranking)
-    if rows and selected_count(lake, selection_id, candidate_ids) >= len(rows):
+    used = plan.digests or None
+    rows = selection_inputs(lake, candidate_ids, plan.rule, used, plan.ranking)
+    if rows and selected_count(lake, plan.selection_id, candidate_ids) >= len(rows):
         return 0  # this batch was selected already
     kept_before = (
-        _kept_signatures(lake, selection_id, settings) if settings.across_prompts else None
+        _kept_signatures(lake, plan.selection_id, settings) if settings.across_prompts else None
     )
     kill_rates = None
     if settings.min_test_strength is not None:
         from thresher.stores.queries import prompt_kill_rates
 
-        kill_rates = prompt_kill_rates(lake, sorted({r["prompt_id"] for r in rows}), suite)
-    decide(rows, settings, kept_before, eval_index, max_hinted_share, kill_rates)
-    return write_selections(lake, selection_id, round_, rows, run_id)
+        prompts = sorted({r["prompt_id"] for r in rows})
+        kill_rates = prompt_kill_rates(lake, prompts, plan.tests_suite)
+    decide(rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates)
+    return write_selections(lake, plan.selection_id, plan.round, rows, plan.run_id)
 
 
 def _kept_signatures(lake: Lake, selection_id: str, spec: SelectConfig) -> list[tuple]:

@@ -3,16 +3,20 @@ the decontamination index built once per process and lake."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from thresher.config import CurateConfig, DecontamConfig
+from thresher.config import DecontamConfig, SelectConfig
 from thresher.ids import content_id
+from thresher.plan import RoundPlan
 from thresher.stores.lake import Lake
+
+if TYPE_CHECKING:
+    from thresher.selection.decontam import EvalIndex
 
 _EVAL_INDEXES: dict[str, Any] = {}
 
 
-def eval_index(lake: Lake, settings: DecontamConfig):
+def eval_index(lake: Lake, settings: DecontamConfig) -> EvalIndex | None:
     """The decontamination index for these settings (None when off), built once per process
     and lake, and again when the lake's eval prompts change in number."""
     from thresher.selection.decontam import EvalIndex, file_items
@@ -20,7 +24,7 @@ def eval_index(lake: Lake, settings: DecontamConfig):
 
     if not settings.enabled:
         return None
-    key = content_id(lake.location, settings.model_dump(), eval_prompt_count(lake))
+    key = content_id(lake.location, repr(settings), eval_prompt_count(lake))
     if key not in _EVAL_INDEXES:
         n = None if settings.exact else settings.ngram
         index = EvalIndex(n=n, minhash_threshold=settings.minhash_threshold)
@@ -32,30 +36,11 @@ def eval_index(lake: Lake, settings: DecontamConfig):
 
 
 def select_candidates(
-    lake: Lake,
-    cfg: CurateConfig,
-    run_id: str,
-    candidate_ids: list[str],
-    selection_id: str,
-    digests: dict[str, str],
-    ranking: list[str],
+    lake: Lake, settings: SelectConfig, plan: RoundPlan, candidate_ids: list[str]
 ) -> int:
     """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why;
-    returns selections written (0 when this selection of the batch exists already).
-    `digests` name the verdicts read; `ranking`, the verifiers whose scores rank."""
+    returns selections written (0 when this selection of the batch exists already)."""
     from thresher.selection.select import select_batch
 
-    return select_batch(
-        lake,
-        selection_id,
-        cfg.round,
-        candidate_ids,
-        cfg.select,
-        cfg.verify.rule,
-        used=digests,
-        ranking=ranking,
-        run_id=run_id,
-        eval_index=eval_index(lake, cfg.select.decontaminate),
-        max_hinted_share=cfg.rationalize.max_share if cfg.rationalize.enabled else None,
-        suite=(cfg.verify.options.get("code") or {}).get("tests", "original"),
-    )
+    index = eval_index(lake, settings.decontaminate)
+    return select_batch(lake, plan, settings, candidate_ids, index)

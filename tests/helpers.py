@@ -25,10 +25,12 @@ def candidates_of(lake, prompt_ids: list[str]) -> list[str]:
 def select(lake, prompt_ids: list[str], rule=None, eval_index=None, **settings) -> int:
     """Select these prompts' candidates (selection "r", round 0) with SelectConfig(**settings)."""
     from thresher.config import SelectConfig
+    from thresher.plan import RoundPlan
     from thresher.selection.select import select_batch
 
     ids = candidates_of(lake, prompt_ids)
-    return select_batch(lake, "r", 0, ids, SelectConfig(**settings), rule, eval_index=eval_index)
+    plan = RoundPlan(run_id=None, selection_id="r", round=0, rule=rule, verifiers=())
+    return select_batch(lake, plan, SelectConfig(**settings), ids, eval_index)
 
 
 # Two writers on one table: both append the same batches (in opposite orders), then

@@ -121,6 +121,7 @@ def test_verify_command_scores_an_external_file(tmp_path):
 
 def test_export_command(lake, tmp_path):
     from thresher.config import SelectConfig
+    from thresher.plan import RoundPlan
     from thresher.selection.select import select_batch
 
     lake.append(
@@ -141,7 +142,7 @@ def test_export_command(lake, tmp_path):
         ],
     )
     lake.append("verdicts", [{"candidate_id": "c", "verifier": "exact", "passed": True}])
-    select_batch(lake, "r", 0, ["c"], SelectConfig(cap=1))
+    select_batch(lake, RoundPlan(None, "r", 0, None, ()), SelectConfig(cap=1), ["c"])
     cmd = [
         sys.executable,
         "-m",

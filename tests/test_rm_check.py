@@ -11,6 +11,7 @@ from thresher.config import SelectConfig
 from thresher.evaluators.pairs import PairsError, lake_pairs, read_pairs
 from thresher.flows.cli import app
 from thresher.intervals import wilson_interval
+from thresher.plan import RoundPlan
 from thresher.selection.select import select_batch
 from thresher.stores.runs import latest_rm_check, record_run
 from thresher.verifiers.reward import RewardModel, RewardModelRejected, reward_model_gate
@@ -193,7 +194,8 @@ def seed_round(lake, passed: dict[str, list[bool]], round_: int = 0, hinted=()) 
     lake.append("candidates", cands)
     lake.append("verdicts", verdicts)
     ids = [c["candidate_id"] for c in cands]
-    select_batch(lake, f"sel-{round_}", round_, ids, SelectConfig(cap=8, near_dup=False))
+    plan = RoundPlan(None, f"sel-{round_}", round_, None, ())
+    select_batch(lake, plan, SelectConfig(cap=8, near_dup=False), ids)
 
 
 def test_lake_pairs_are_kept_against_failed_of_the_same_prompt(lake):
@@ -308,7 +310,7 @@ def test_the_gate_reads_the_latest_completed_check(lake, tmp_path):
 
 def test_gate_settings_change_no_identity():
     from thresher.config import CurateConfig
-    from thresher.flows.identities import run_id_for, selection_id_for
+    from thresher.identities import run_id_for, selection_id_for
 
     base = CurateConfig(name="g", model="m", prompts={"dataset": "d"})
     gated = CurateConfig(

@@ -10,9 +10,10 @@ import pytest
 
 from thresher.config import CurateConfig, SelectConfig
 from thresher.evaluators.pseudo_labels import majority_accuracy
-from thresher.flows.curate import verify_batch
-from thresher.flows.identities import verifier_digests
+from thresher.flows.tasks import verify_task
+from thresher.identities import verifier_digests
 from thresher.intervals import wilson_interval
+from thresher.plan import RoundPlan
 from thresher.selection.select import select_batch
 from thresher.stores.tables import write_candidates, write_verdicts
 from thresher.verifiers import get_verifier, traits
@@ -190,12 +191,20 @@ def _config(k: int) -> CurateConfig:
     )
 
 
+def _plan(cfg, run_id: str):
+    from dataclasses import replace
+
+    from thresher.plan import plan_curate
+
+    return replace(plan_curate(cfg), run_id=run_id)
+
+
 def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     k4, k8 = _config(4), _config(8)
     _prompts(lake, {"p": "20", "q": "3"})
     first = _candidates(lake, "p", [21, 21, 20, 7]) + _candidates(lake, "q", [3, 3])
-    assert verify_batch.fn(str(lake.root), k4, "run-1", first) == 6
-    assert verify_batch.fn(str(lake.root), k4, "run-1b", first) == 0  # nothing missing
+    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-1"), first) == 6
+    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-1b"), first) == 0  # nothing missing
     before = _majority(lake, k4)
     # 21: 2 of 4
     assert {c for c, r in before.items() if r["passed"]} == {
@@ -203,7 +212,7 @@ def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     }  # fmt: skip
     # k raised from 4 to 8: 20 now has 4 of 8 votes, 21 three
     new = _candidates(lake, "p", [20, 20, 20, 21], start=4)
-    assert verify_batch.fn(str(lake.root), k8, "run-2", first + new) == 10  # q's too
+    assert verify_task.fn(str(lake.root), k8, _plan(k8, "run-2"), first + new) == 10  # q's too
     after = _majority(lake, k8)
     passed = {c: after[c]["passed"] for c in first + new}
     # the old 21s passed with k 4: now they fail like the new one
@@ -216,11 +225,11 @@ def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     assert {after[c]["run_id"] for c in first + new} == {"run-2"}
     # what k 4 read stays as it was: going back to it reads its own verdicts
     assert _majority(lake, k4) == before
-    assert verify_batch.fn(str(lake.root), k4, "run-3", first) == 0
+    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-3"), first) == 0
     assert lake.count("verdicts") == 16
     # a hinted candidate (verified in a second call with the batch's plain ones) fails
     hinted = _candidates(lake, "q", [3], start=2, hinted=(2,))
-    assert verify_batch.fn(str(lake.root), k8, "run-4", first + new + hinted) == 1
+    assert verify_task.fn(str(lake.root), k8, _plan(k8, "run-4"), first + new + hinted) == 1
     assert "does not judge hinted" in _majority(lake, k8)["q-r0-2"]["reason"]
     assert _majority(lake, k8)["q-r0-0"]["run_id"] == "run-2"  # q's others kept theirs
 
@@ -288,7 +297,7 @@ def test_majority_accuracy_of_a_pipelines_selection(lake):
     ids = _judged_lake(lake)
     # pipeline "pipe" curated round 0's p1 and p2 only
     chosen = [c for c in ids[0] if c.startswith(("p1-", "p2-"))]
-    select_batch(lake, "sel", 0, chosen, SelectConfig(near_dup=False), run_id="run")
+    select_batch(lake, RoundPlan("run", "sel", 0, None, ()), SelectConfig(near_dup=False), chosen)
     lake.append(
         "runs",
         [

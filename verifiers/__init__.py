@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -136,6 +137,27 @@ def options_digest(name: str, options: dict[str, Any] | None = None) -> str:
     return content_id("verifier", cls.name, cls.version, kept)
 
 
+def tests_suite(options: dict[str, dict[str, Any]]) -> str:
+    """The tests the `code` verifier runs under a config's verifier options: original or
+    strengthened (those `thresher tests-audit` made)."""
+    return (options.get("code") or {}).get("tests", "original")
+
+
+def reward_model_option(options: dict[str, dict[str, Any]]) -> str | None:
+    """The model the `reward` verifier scores with under a config's verifier options."""
+    model = (options.get("reward") or {}).get("model")
+    return str(model) if model else None
+
+
+def local_judge_model(options: dict[str, dict[str, Any]]) -> str | None:
+    """The model the `judge` verifier runs on this process's engine under a config's
+    verifier options (None: it has a server of its own, or no model)."""
+    judge = options.get("judge") or {}
+    if judge.get("server") or not judge.get("model"):
+        return None
+    return str(judge["model"])
+
+
 def _option_problems(error: ValidationError, options: type[BaseModel]) -> list[str]:
     """`field: message` for each error of a validation of verifier options."""
     lines = []
@@ -185,7 +207,9 @@ def _on_cluster(cfg: Any):
 RUNNERS = {"local": _here, "ray": _on_cluster}
 
 
-def runner_for(cfg: Any):
+def runner_for(
+    cfg: Any,
+) -> Callable[[str, dict[str, Any] | None, pl.DataFrame], pl.DataFrame]:
     """Where verification runs, chosen once from a config's `executor`: a function from
     (verifier name, options, rows) to verdicts, here or in chunks on its Ray cluster."""
     return RUNNERS[cfg.executor](cfg)

@@ -7,41 +7,16 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from thresher.config import CurateConfig
-from thresher.ids import content_id
+from thresher.plan import RoundPlan
 from thresher.stores.lake import Lake
 
 DeviceSlot = Callable[[str], AbstractContextManager]
 
 
-def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
-    """verifier -> the digest of its version and options: which verdicts the run reads.
-
-    A verifier that judges a prompt's candidates together (`majority`) also has what
-    decides how many a prompt has (k, difficulty): with a larger k every candidate of the
-    prompt is judged again among all of them, so old and new verdicts cannot disagree."""
-    from thresher.verifiers import options_digest, traits
-
-    digests = {}
-    for name in cfg.verify.all_names():
-        digest = options_digest(name, cfg.verify.options.get(name))
-        if traits(name)["groups"]:
-            group = {"k": cfg.sampling.k, "difficulty": cfg.difficulty.model_dump()}
-            digest = content_id("group-verdicts", digest, group)
-        digests[name] = digest
-    return digests
-
-
-def ranking_verifiers(cfg: CurateConfig) -> list[str]:
-    """The config's verifiers whose score ranks candidates (the `top_score` policy)."""
-    from thresher.verifiers import traits
-
-    return [n for n in cfg.verify.all_names() if traits(n)["ranks"]]
-
-
 def verify_batch(
     lake: Lake,
     cfg: CurateConfig,
-    run_id: str,
+    plan: RoundPlan,
     candidate_ids: list[str],
     device_slot: DeviceSlot | None = None,
 ) -> int:
@@ -56,34 +31,34 @@ def verify_batch(
         with_strengthened_tests,
     )
     from thresher.stores.tables import write_verdicts
-    from thresher.verifiers import get_verifier, runner_for, traits
+    from thresher.verifiers import get_verifier, runner_for
 
     run_verifier = runner_for(cfg)
     written = 0
     settings = cfg.verify
-    digests = verifier_digests(cfg)
-    for name in settings.all_names():
+    for spec in plan.verifiers:
+        name, options = spec.name, spec.given
         # a verifier that judges a prompt's candidates together sees all of the batch's
         # (a prompt's candidates are all in one batch); only the missing verdicts are kept
-        groups = traits(name)["groups"]
+        groups = spec.groups
         find = prompts_to_verify if groups else candidates_to_verify
-        todo = find(lake, candidate_ids, name, digests[name])
+        todo = find(lake, candidate_ids, name, spec.digest)
         tasks = [t for t in todo["task"].unique().to_list() if name in settings.for_task(t)]
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        if (settings.options.get(name) or {}).get("tests") == "strengthened":
+        if name == "code" and plan.tests_suite == "strengthened":
             todo = with_strengthened_tests(lake, todo)
-        if traits(name)["uses_device"]:
+        if spec.uses_device:
             # a model on the accelerator: scored here, one stage at a time
             with device_slot(name) if device_slot else nullcontext():
-                verdicts = get_verifier(name, settings.options.get(name)).run(todo)
+                verdicts = get_verifier(name, options).run(todo)
         elif groups:  # here, whole prompts at once (the Ray runner splits rows into chunks)
-            verdicts = get_verifier(name, settings.options.get(name)).run(todo)
+            verdicts = get_verifier(name, options).run(todo)
         else:
-            verdicts = run_verifier(name, settings.options.get(name), todo)
+            verdicts = run_verifier(name, options, todo)
         if groups:
             missing = todo.filter(pl.col("missing"))["candidate_id"].to_list()
             verdicts = verdicts.filter(pl.col("candidate_id").is_in(missing))
-        written += write_verdicts(lake, verdicts, digests[name], run_id)
+        written += write_verdicts(lake, verdicts, spec.digest, plan.run_id)
     return written
