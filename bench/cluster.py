@@ -63,8 +63,8 @@ def main() -> None:
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import CurateConfig
-    from thresher.flows.curate import curate_flow, quiet_task_logs, stop_engine
-    from thresher.flows.runtime import flow_settings
+    from thresher.flows.curate import curate_flow
+    from thresher.flows.runtime import flow_settings, quiet_task_logs, stop_engine
     from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
     from thresher.stores.lake import Lake

@@ -54,19 +54,11 @@ def main() -> None:
     from prefect import flow
 
     from thresher.config import CurateConfig
-    from thresher.flows.curate import (
-        batched,
-        curate_flow,
-        prompt_rows,
-        quiet_task_logs,
-        sample_batch,
-        select_batch,
-        stop_engine,
-        verify_batch,
-    )
-    from thresher.flows.identities import run_id_for, selection_id_for
-    from thresher.flows.runtime import flow_settings
+    from thresher.flows.curate import curate_flow
+    from thresher.flows.runtime import flow_settings, quiet_task_logs, stop_engine
+    from thresher.flows.tasks import batched, prompt_rows, sample_task, select_task, verify_task
     from thresher.ingest.load import ingest
+    from thresher.plan import plan_curate
     from thresher.samplers.engines import local_engine
     from thresher.samplers.stage import sampling_plan
     from thresher.stores.lake import Lake
@@ -113,21 +105,22 @@ def main() -> None:
 
         return wrapper
 
-    for t in (sample_batch, verify_batch, select_batch):
+    for t in (sample_task, verify_task, select_task):
         t.fn = timed(t.fn)
 
     def direct() -> tuple[float, float, int]:
         lake = fresh_lake()
-        root, run_id = str(lake.root), run_id_for(cfg)
+        plan = plan_curate(cfg)
+        root, run_id = str(lake.root), plan.run_id
         inside["s"] = 0.0
         start = time.perf_counter()
         prompts = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in prompts])
         for batch in batched(prompts, cfg.batch_size):
-            ids = sample_batch.fn(root, cfg, run_id, batch, ks).ids
-            verify_batch.fn(root, cfg, run_id, ids)
-            select_batch.fn(root, cfg, run_id, ids)
-        summary = run_summary(lake, selection_id_for(cfg))
+            ids = sample_task.fn(root, cfg, run_id, batch, ks).ids
+            verify_task.fn(root, cfg, plan, ids)
+            select_task.fn(root, cfg, plan, ids)
+        summary = run_summary(lake, plan.selection_id)
         took = time.perf_counter() - start
         return took, took - inside["s"], summary["candidates"]
 
@@ -136,7 +129,7 @@ def main() -> None:
         inside["s"] = 0.0
         start = time.perf_counter()
         with flow_settings():  # what `thresher curate` (run_curate) runs the flow with
-            summary = curate_flow(cfg.model_dump(), str(lake.root), False)
+            summary = curate_flow(cfg, str(lake.root), False)
         took = time.perf_counter() - start
         return took, took - inside["s"], summary["candidates"]
 

@@ -68,9 +68,9 @@ def main() -> None:
     from vllm import SamplingParams
 
     from thresher.config import CurateConfig
-    from thresher.flows.curate import sample_batch
-    from thresher.flows.identities import run_id_for
     from thresher.flows.runtime import flow_settings
+    from thresher.flows.tasks import sample_task
+    from thresher.identities import run_id_for
     from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
     from thresher.stores.lake import Lake
@@ -113,7 +113,7 @@ def main() -> None:
         # timed inside the flow: a curate run pays the flow's own start once, not per batch
         start = time.perf_counter()
         for batch in batches:
-            sample_batch(lake_root, quote(cfg), run_id_for(cfg), quote(batch))
+            sample_task(lake_root, quote(cfg), run_id_for(cfg), quote(batch))
         return time.perf_counter() - start
 
     def thresher() -> tuple[float, int]:

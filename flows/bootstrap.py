@@ -15,7 +15,11 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import BootstrapConfig
-from thresher.flows.identities import bootstrap_run_id
+from thresher.flows import flow_object
+from thresher.flows.rounds import Rounds
+from thresher.flows.runtime import deployment_cleanup, run_in_process, stop_engine
+from thresher.flows.summaries import CurateSummary, EvalSummary, TrainSummary
+from thresher.identities import bootstrap_run_id
 from thresher.stores.lake import Lake
 
 
@@ -28,162 +32,70 @@ def model_path(lake: Lake, cfg: BootstrapConfig, round_: int) -> str:
     return str(model_dir_for(lake, cfg.name, round_) / "model")
 
 
-def sampling_model_round(pass1: list[float], best_round: int, tolerance: float | None) -> int:
-    """Which model samples the next round: the newest (the last of `pass1`, held-out
-    pass@1 of models 0..r), or the best so far when the newest fell below it by more than
-    `tolerance` (None: never roll back)."""
-    newest = len(pass1) - 1
-    if tolerance is not None and pass1[newest] < pass1[best_round] - tolerance:
-        return best_round
-    return newest
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _pass1(metrics: list[dict]) -> float:
-    for m in metrics:
-        if m["task"] == "all" and m["metric"] == "pass@1":
-            return m["value"]
-    raise ValueError(f"the evaluation measured no overall pass@1 (metrics: {metrics})")
-
-
-def _metrics_line(metrics: list[dict]) -> str:
-    return ", ".join(f"{m['metric']} {m['value']:.3f}" for m in metrics if m["task"] == "all")
 
 
 def bootstrap_run_name() -> str:
     """e.g. 'bootstrap demo word-problems'."""
     from prefect.runtime import flow_run
 
-    c = flow_run.parameters.get("config", {})
+    c = flow_run.parameters.get("config") or {}
+    if not isinstance(c, dict):
+        c = c.model_dump(include={"name", "prompts"})
     return f"bootstrap {c.get('name', '?')} {(c.get('prompts') or {}).get('dataset', '?')}"
 
 
 @flow(name="bootstrap", flow_run_name=bootstrap_run_name)
-def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+def bootstrap_flow(
+    config: BootstrapConfig, lake_root: str, progress: bool = True
+) -> dict[str, Any]:
     """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
-    from thresher.flows.curate import curate_flow, deployment_cleanup, stop_engine
-    from thresher.flows.evaluate import eval_flow
-    from thresher.flows.gates import reward_model_check
-    from thresher.flows.train import train_flow
+    cfg = config
     from thresher.stores.runs import tracked_run
 
-    cfg = BootstrapConfig(**config)
     lake = Lake(lake_root)
-    run_id = bootstrap_run_id(cfg)
-    run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=config)
+    run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=cfg.model_dump())
+    tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
+    state = Rounds(cfg.max_rounds, cfg.min_gain, cfg.patience, tolerance)
     try:
-        with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
-            if cfg.train.output == "adapter":
-                raise ValueError(
-                    "bootstrap samples with each round's model: train.output must be merged or both"
-                )
-            # each round's curate checks its reward model; checking here refuses before model 0's
-            # evaluation samples anything
-            reward_model_check(lake, cfg.curate_config(0, cfg.base_model))
-            rounds: list[dict[str, Any]] = []
+        with deployment_cleanup(), tracked_run(lake, bootstrap_run_id(cfg), **run) as summary:
+            before_round_zero(lake, cfg)
             # what decides every round: held-out metrics under these verifiers only
             summary["eval_verify"] = cfg.eval_verify().model_dump()
-            first = eval_flow(cfg.eval_config(0, cfg.base_model).model_dump(), lake_root, progress)
-            best = _pass1(first["metrics"])
-            pass1s, best_round = [best], 0
-            tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
-            _say(f"model 0 (base): {_metrics_line(first['metrics'])}")
-            history = [{"round": 0, "metrics": first["metrics"]}]
-            base_also = forgetting_checks(cfg, lake_root, 0, cfg.base_model, None, progress)
-            if base_also:
-                history[0]["also"] = base_also
-            stale, stop = 0, f"max_rounds ({cfg.max_rounds}) reached"
-            for r in range(cfg.max_rounds):
-                source = sampling_model_round(pass1s, best_round, tolerance)
-                if source != r:
-                    _say(
-                        f"round {r}: model {r} regressed (pass@1 {pass1s[r]:.3f}, model "
-                        f"{source}'s {pass1s[source]:.3f}): sampling with model {source}"
+            base_also = evaluate_base(cfg, lake_root, state, progress)
+            while (r := state.next_round()) is not None:
+                source = sampling_model(state, r)
+                curated = CurateSummary.model_validate(
+                    flow_object("curate")(
+                        cfg.curate_config(r, model_path(lake, cfg, source)), lake_root, progress
                     )
-                model = model_path(lake, cfg, source)
-                curated = curate_flow(cfg.curate_config(r, model).model_dump(), lake_root, progress)
-                _say(
-                    f"round {r}: {curated['prompts']} prompts sampled "
-                    f"({curated['skipped_solved']} skipped as solved"
-                    + (f", {curated['retired']} retired" if curated.get("retired") else "")
-                    + "), "
-                    f"{curated['candidates']} candidates, {curated['passed']} passed, "
-                    f"kept {curated['kept']}"
                 )
-                if cfg.audit is not None:
-                    audit_gate(lake, cfg, r)
-                if cfg.monitors is not None:
-                    monitors_gate(cfg, r, curated.get("monitors") or {})
+                _say(curated.line(r))
+                before_training(lake, cfg, r, curated)
                 stop_engine()  # training wants the device, its memory and the cores
-                trained = train_flow(cfg.train_config(r).model_dump(), lake_root, progress)
-                if trained.get("already_trained"):
-                    _say(f"round {r}: model {r + 1} already trained ({trained['model_dir']})")
-                evaluated = eval_flow(
-                    cfg.eval_config(r + 1, trained["model_dir"]).model_dump(), lake_root, progress
+                trained = TrainSummary.model_validate(
+                    flow_object("train")(cfg.train_config(r), lake_root, progress)
                 )
-                pass1 = _pass1(evaluated["metrics"])
-                gain = pass1 - best
-                _say(f"model {r + 1}: {_metrics_line(evaluated['metrics'])} (gain {gain:+.3f})")
-                rounds.append(
-                    {
-                        "round": r,
-                        "sampled_with": source,
-                        "curate": {
-                            k: curated.get(k)
-                            for k in (
-                                "run_id",
-                                "candidates",
-                                "passed",
-                                "kept",
-                                "sampled_now",
-                                "skipped_solved",
-                                "retired",
-                                "band",
-                            )
-                        },
-                        "train": {
-                            k: trained.get(k)
-                            for k in ("run_id", "rows", "steps", "final_loss", "model_dir", "mix")
-                            if k in trained
-                        },
-                        "monitors": curated.get("monitors"),
-                    }
+                if trained.already_trained:
+                    _say(f"round {r}: model {r + 1} already trained ({trained.model_dir})")
+                model = str(trained.model_dir)
+                evaluated = EvalSummary.model_validate(
+                    flow_object("evaluate")(cfg.eval_config(r + 1, model), lake_root, progress)
                 )
-                history.append({"round": r + 1, "metrics": evaluated["metrics"]})
-                pass1s.append(pass1)
-                if pass1 > best:
-                    best, best_round = pass1, r + 1
+                also = forgetting_checks(cfg, lake_root, r + 1, model, base_also, progress)
+                gain = state.record(source, curated, trained, evaluated, also)
+                _say(f"model {r + 1}: {evaluated.line()} (gain {gain:+.3f})")
                 # kept current every round, so a run a gate stops still points at its best
-                write_best_pointer(lake, cfg, best_round, model_path(lake, cfg, best_round))
-                also = forgetting_checks(
-                    cfg, lake_root, r + 1, trained["model_dir"], base_also, progress
-                )
-                if also:
-                    history[-1]["also"] = also
-                    summary.update(rounds=rounds, evals=history)  # kept if the gate stops
-                    forgetting_gate(cfg, r + 1, also)
-                stale = stale + 1 if gain < cfg.min_gain else 0
-                if stale >= cfg.patience:
-                    stop = f"pass@1 gained less than {cfg.min_gain} for {stale} round(s)"
-                    break
-            stop_engine()
-            best_model = model_path(lake, cfg, best_round)
-            write_best_pointer(lake, cfg, best_round, best_model)
-            summary.update(
-                run_id=run_id,
-                rounds=rounds,
-                evals=history,
-                stopped=stop,
-                best_round=best_round,
-                best_model=best_model,
-            )
-            _say(f"best model: round {best_round} (pass@1 {best:.3f}), {best_model}")
-            _say(f"stopped: {stop}")
-            publish_bootstrap(cfg, lake, stop)
+                write_best_pointer(lake, cfg, state.best_round)
+                summary.update(state.summary())
+                forgetting_gate(cfg, r + 1, also)
+            best_model = model_path(lake, cfg, state.best_round)
+            summary.update(run_id=bootstrap_run_id(cfg), best_model=best_model, **state.summary())
+            _say(f"best model: round {state.best_round} (pass@1 {state.best:.3f}), {best_model}")
+            _say(f"stopped: {state.stopped}")
+            publish_bootstrap(cfg, lake, state.stopped)
     except GateFailed as e:
         # an expected stop: the run ends Failed with the reason, without a traceback
         from prefect.states import Failed
@@ -192,12 +104,57 @@ def bootstrap_flow(config: dict[str, Any], lake_root: str, progress: bool = True
     return summary
 
 
-def write_best_pointer(lake: Lake, cfg: BootstrapConfig, best_round: int, model: str) -> None:
+def sampling_model(state: Rounds, round_: int) -> int:
+    """The model that samples round `round_`, saying so when it is not the newest."""
+    source = state.sampling_model()
+    if source != round_:
+        _say(
+            f"round {round_}: model {round_} regressed (pass@1 {state.pass1[round_]:.3f}, "
+            f"model {source}'s {state.pass1[source]:.3f}): sampling with model {source}"
+        )
+    return source
+
+
+def before_round_zero(lake: Lake, cfg: BootstrapConfig) -> None:
+    """Refuse what would fail later, before model 0's evaluation samples anything: an
+    adapter-only output, and a pipeline its gates refuse."""
+    from thresher.flows.gates import pipeline_gates
+
+    if cfg.train.output == "adapter":
+        raise ValueError(
+            "bootstrap samples with each round's model: train.output must be merged or both"
+        )
+    pipeline_gates(lake, cfg)
+
+
+def evaluate_base(cfg: BootstrapConfig, lake_root: str, state: Rounds, progress: bool) -> list:
+    """Evaluate the base model (model 0) on the held-out prompts and the forgetting checks
+    and start the rounds' state with it; returns its forgetting-check results."""
+    model = cfg.base_model
+    base = EvalSummary.model_validate(
+        flow_object("evaluate")(cfg.eval_config(0, model), lake_root, progress)
+    )
+    _say(f"model 0 (base): {base.line()}")
+    also = forgetting_checks(cfg, lake_root, 0, model, None, progress)
+    state.start(base, also)
+    return also
+
+
+def before_training(lake: Lake, cfg: BootstrapConfig, round_: int, curated: CurateSummary) -> None:
+    """The gates a round's data must pass before it is trained on (audit, monitors)."""
+    if cfg.audit is not None:
+        audit_gate(lake, cfg, round_)
+    if cfg.monitors is not None:
+        monitors_gate(cfg, round_, curated.monitors or {})
+
+
+def write_best_pointer(lake: Lake, cfg: BootstrapConfig, best_round: int) -> None:
     """<models>/<name>/best.json: which round's model is the best on held-out pass@1."""
     import json
 
     from thresher.flows.train import model_dir_for
 
+    model = model_path(lake, cfg, best_round)
     folder = model_dir_for(lake, cfg.name, 0).parent
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "best.json").write_text(json.dumps({"round": best_round, "model": model}) + "\n")
@@ -235,14 +192,12 @@ def forgetting_checks(
 ) -> list[dict]:
     """Evaluate model `round_` on every forgetting check (eval.also): per check its label,
     pass@1, the base model's pass@1 (`base`: model 0's results) and the drop."""
-    from thresher.flows.evaluate import eval_flow
-
     out = []
     for i, check in enumerate(cfg.eval.also):
-        ran = eval_flow(
-            cfg.forgetting_eval_config(i, round_, model).model_dump(), lake_root, progress
+        ran = flow_object("evaluate")(
+            cfg.forgetting_eval_config(i, round_, model), lake_root, progress
         )
-        pass1 = _pass1(ran["metrics"])
+        pass1 = EvalSummary.model_validate(ran).overall()
         base_pass1 = base[i]["pass@1"] if base else pass1
         out.append(
             {
@@ -336,12 +291,4 @@ def run_bootstrap(
     cfg: BootstrapConfig, lake_root: str | Path, progress: bool = True
 ) -> dict[str, Any]:
     """Run the bootstrap flow for a validated config, then stop the engine it started."""
-    from thresher.flows.curate import quiet_task_logs, stop_engine
-    from thresher.flows.runtime import flow_settings
-
-    quiet_task_logs(flows=True)
-    try:
-        with flow_settings():
-            return bootstrap_flow(cfg.model_dump(), str(lake_root), progress)
-    finally:
-        stop_engine()
+    return run_in_process(bootstrap_flow, cfg, lake_root, progress, subflows=True)

@@ -2,41 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from thresher.config import EvalConfig
-from thresher.flows.identities import eval_run_id, verifier_digests
+from thresher.flows.runtime import deployment_cleanup, run_in_process, run_name
+from thresher.flows.tasks import prompt_batches, sample_task, sampled_batches, verify_task
+from thresher.identities import eval_run_id
 from thresher.ids import content_id
+from thresher.plan import plan_curate
 from thresher.stores.lake import Lake
 
 
 def eval_run_name() -> str:
     """e.g. 'eval demo word-problems round 1'."""
-    from thresher.flows.curate import run_name
-
     return run_name("eval")
 
 
 @flow(name="evaluate", flow_run_name=eval_run_name)
-def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+def eval_flow(config: EvalConfig, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
+    cfg = config
     from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 
     from thresher.evaluators.passk import record_pass_at_ks
-    from thresher.flows.curate import (
-        deployment_cleanup,
-        prompt_batches,
-        sample_batch,
-        sampled_batches,
-        verify_batch,
-    )
     from thresher.stores.runs import tracked_run
 
-    cfg = EvalConfig(**config)
     cur = cfg.as_curate()
     lake = Lake(lake_root)
     run_id, opening = eval_run_id(cfg), None
@@ -45,7 +40,8 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
 
         opening = len(test_openings(lake, cfg.prompts.dataset)) + 1
         run_id = content_id(run_id, "test-opening", opening)
-    run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=config)
+    plan = replace(plan_curate(cur), run_id=run_id)
+    run = dict(flow="evaluate", round_=cfg.round, model=cur.model_id, config=cfg.model_dump())
     with deployment_cleanup(), tracked_run(lake, run_id, **run) as summary:
         if opening is not None:
             summary["test_opening"] = opening
@@ -55,13 +51,12 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
         verified = 0
         with tqdm(total=n_prompts, unit="prompt", desc="eval", disable=not progress) as bar:
             for batch, sampled in sampled_batches(
-                sample_batch, lake_root, cur, run_id, batches, None
+                sample_task, lake_root, cur, run_id, batches, None
             ):
                 every += sampled.ids
-                verified += verify_batch(lake_root, quote(cur), run_id, quote(sampled.ids))
+                verified += verify_task(lake_root, quote(cur), quote(plan), quote(sampled.ids))
                 bar.update(len(batch))
-        digests = verifier_digests(cur)
-        metrics = record_pass_at_ks(lake, every, cfg, run_id, digests, cur.model_id)
+        metrics = record_pass_at_ks(lake, every, cfg, run_id, plan.digests, cur.model_id)
         summary.update(
             run_id=run_id,
             round=cfg.round,
@@ -82,12 +77,4 @@ def eval_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> 
 
 def run_eval(cfg: EvalConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the eval flow, then stop the engine it started."""
-    from thresher.flows.curate import quiet_task_logs, stop_engine
-    from thresher.flows.runtime import flow_settings
-
-    quiet_task_logs()
-    try:
-        with flow_settings():
-            return eval_flow(cfg.model_dump(), str(lake_root), progress)
-    finally:
-        stop_engine()
+    return run_in_process(eval_flow, cfg, lake_root, progress)

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from thresher.config import CurateConfig
+from thresher.config import BootstrapConfig, CurateConfig
 from thresher.stores.lake import Lake
+
+
+def pipeline_gates(lake: Lake, cfg: CurateConfig | BootstrapConfig) -> dict[str, Any] | None:
+    """The checks a curate or bootstrap pipeline must pass before it samples anything: its
+    reward model's measured pairwise accuracy (None: it uses no reward model). Raises
+    RewardModelRejected when the gate refuses."""
+    if isinstance(cfg, BootstrapConfig):
+        cfg = cfg.curate_config(0, cfg.base_model)
+    return reward_model_check(lake, cfg)
 
 
 def reward_model_check(lake: Lake, cfg: CurateConfig) -> dict[str, Any] | None:
@@ -14,11 +23,12 @@ def reward_model_check(lake: Lake, cfg: CurateConfig) -> dict[str, Any] | None:
     RewardModelRejected when it is missing or below gates.min_pairwise_accuracy and
     gates.force_reward_model is not set."""
     from thresher.stores.runs import latest_rm_check
+    from thresher.verifiers import reward_model_option
     from thresher.verifiers.reward import RewardModelRejected, model_key, reward_model_gate
 
     if "reward" not in cfg.verify.all_names():
         return None
-    model = (cfg.verify.options.get("reward") or {}).get("model")
+    model = reward_model_option(cfg.verify.options)
     if not model:
         raise RewardModelRejected(
             "the reward verifier needs a model: set verify.options.reward.model"

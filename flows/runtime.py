@@ -57,3 +57,64 @@ def _quiet_updates() -> dict:
         PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED: False,
         PREFECT_SERVER_ANALYTICS_ENABLED: False,  # its telemetry service
     }
+
+
+def run_name(kind: str) -> str:
+    """The Prefect name of a `kind` run from its config: kind, pipeline, dataset and round."""
+    from prefect.runtime import flow_run
+
+    c = flow_run.parameters.get("config") or {}
+    if not isinstance(c, dict):
+        c = c.model_dump(include={"name", "prompts", "round"})
+    dataset = (c.get("prompts") or {}).get("dataset", "?")
+    return f"{kind} {c.get('name', '?')} {dataset} round {c.get('round', 0)}"
+
+
+@contextmanager
+def deployment_cleanup() -> Iterator[None]:
+    """A deployment's run (scheduled, triggered, served or on a worker) stops its engine
+    when it ends, giving the device slot back; `thresher` commands do it themselves,
+    and a subflow leaves the engine to its parent (bootstrap reuses it)."""
+    try:
+        yield
+    finally:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = ctx.flow_run if ctx else None
+        if run is not None and run.deployment_id and run.parent_task_run_id is None:
+            stop_engine()
+
+
+def stop_engine() -> None:
+    """Shut the process's engine (or Ray engine pool) down and give its device slot back."""
+    from thresher.flows.slots import release_engine_slot
+    from thresher.samplers.engines import shutdown
+
+    try:
+        shutdown()
+    finally:
+        release_engine_slot()
+
+
+def quiet_task_logs(flows: bool = False) -> None:
+    """One INFO line per task (and, with `flows`, per subflow) would bury the progress
+    bars; keep their warnings and errors."""
+    import logging
+
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    if flows:
+        logging.getLogger("prefect.flow_runs").setLevel(logging.WARNING)
+
+
+def run_in_process(
+    flow: Any, cfg: Any, lake_root: Any, progress: bool, subflows: bool = False
+) -> Any:
+    """Run `flow` for a validated config from a `thresher` command, then stop the engine
+    it started."""
+    quiet_task_logs(flows=subflows)
+    try:
+        with flow_settings():
+            return flow(cfg, str(lake_root), progress)
+    finally:
+        stop_engine()

@@ -12,20 +12,24 @@ Prefect is imported inside the functions, so the pure helpers (`parse_param`,
 from __future__ import annotations
 
 import copy
-import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-# schedule sub-command -> (module, flow object, config model in thresher.config)
-FLOWS: dict[str, tuple[str, str, str]] = {
-    "curate": ("thresher.flows.curate", "curate_flow", "CurateConfig"),
-    "bootstrap": ("thresher.flows.bootstrap", "bootstrap_flow", "BootstrapConfig"),
-    "train": ("thresher.flows.train", "train_flow", "TrainConfig"),
-    "evaluate": ("thresher.flows.evaluate", "eval_flow", "EvalConfig"),
-}
+from thresher.flows import FLOWS, config_model, flow_object  # noqa: F401
+
+if TYPE_CHECKING:
+    from uuid import UUID
+
+    from prefect import Flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, FlowRun, State
+    from prefect.client.schemas.responses import DeploymentResponse
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.schedules import Schedule
 
 # --overlap: what a run that is due while another run of the deployment is active does
 OVERLAP = {
@@ -123,18 +127,6 @@ def require_server() -> str:
     return url
 
 
-def flow_object(kind: str):
-    """The Prefect flow behind a schedule sub-command."""
-    module, attr, _ = FLOWS[kind]
-    return getattr(importlib.import_module(module), attr)
-
-
-def config_model(kind: str):
-    from thresher import config
-
-    return getattr(config, FLOWS[kind][2])
-
-
 def ui_url(path: str) -> str | None:
     from prefect.settings import PREFECT_UI_URL
 
@@ -161,15 +153,15 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds} s"
 
 
-def stop_engine_hook(flow, flow_run, state) -> None:
+def stop_engine_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State) -> None:
     """After a served run: stop the run process's vLLM engine and give its device slot
     back (`thresher curate` does this after the flow; a served run is the flow alone)."""
-    from thresher.flows.curate import stop_engine
+    from thresher.flows.runtime import stop_engine
 
     stop_engine()
 
 
-def served_flow(kind: str):
+def served_flow(kind: str) -> Flow[..., Any]:
     """The flow, plus hooks that stop its engine when a served run ends."""
     flow = flow_object(kind)
     return flow.with_options(
@@ -178,7 +170,7 @@ def served_flow(kind: str):
     )
 
 
-def make_schedule(cron: str | None, interval: float | None, timezone: str | None):
+def make_schedule(cron: str | None, interval: float | None, timezone: str | None) -> Schedule:
     """A validated Prefect schedule for --cron or --interval."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron, Interval
@@ -200,7 +192,7 @@ def make_schedule(cron: str | None, interval: float | None, timezone: str | None
         raise ScheduleError(f"invalid schedule: {e}") from None
 
 
-def concurrency(overlap: str):
+def concurrency(overlap: str) -> ConcurrencyLimitConfig | None:
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
     strategy = OVERLAP[overlap]
@@ -295,7 +287,7 @@ def _flow_names(client, flow_ids) -> dict:
     return {f.id: f.name for f in flows}
 
 
-def find_deployment(client, name: str) -> Found:
+def find_deployment(client: SyncPrefectClient, name: str) -> Found:
     """`flow/deployment`, or a bare deployment name that only one flow uses."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
     from prefect.exceptions import ObjectNotFound
@@ -346,7 +338,7 @@ def _runs(client, deployment_id, states=None, sort=None, limit=None):
     )
 
 
-def schedule_text(dep) -> str:
+def schedule_text(dep: DeploymentResponse) -> str:
     parts = []
     for s in dep.schedules:
         sch = s.schedule
@@ -407,7 +399,7 @@ def list_deployments() -> list[dict[str, str]]:
     return rows
 
 
-def cancel_pending(client, deployment_id, message: str) -> int:
+def cancel_pending(client: SyncPrefectClient, deployment_id: UUID, message: str) -> int:
     """Cancel the deployment's scheduler-created runs that have not started: Scheduled
     (including Late) and Pending (a runner picked it up ahead of its start time).
     Pausing alone deletes only future Scheduled runs."""
@@ -470,7 +462,7 @@ def trigger(name: str, params: list[str]) -> tuple[Found, Any]:
     return found, run
 
 
-def refusal(e) -> str:
+def refusal(e: PrefectHTTPStatusError) -> str:
     """The `detail` of a Prefect API error response, else the error."""
     try:
         return str(e.response.json()["detail"])
@@ -478,7 +470,9 @@ def refusal(e) -> str:
         return str(e)
 
 
-def wait_for(run_id, poll_s: float = 2.0, on_state=None):
+def wait_for(
+    run_id: UUID, poll_s: float = 2.0, on_state: Callable[[FlowRun], None] | None = None
+) -> FlowRun:
     """Poll a flow run until it reaches a final state; returns the run."""
     with _client() as client:
         seen = None

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import flow
 
 from thresher.config import TrainConfig
-from thresher.flows.identities import rows_digest, train_run_id
+from thresher.identities import rows_digest, train_run_id
 from thresher.stores.lake import Lake
 
 
@@ -57,7 +57,9 @@ def train_run_name() -> str:
     """e.g. 'train demo model 2'."""
     from prefect.runtime import flow_run
 
-    c = flow_run.parameters.get("config", {})
+    c = flow_run.parameters.get("config") or {}
+    if not isinstance(c, dict):
+        c = c.model_dump(include={"name", "round"})
     return f"train {c.get('name', '?')} model {c.get('round', 0) + 1}"
 
 
@@ -74,14 +76,14 @@ def no_rows_message(cfg: TrainConfig, lake: Lake) -> str:
 
 
 @flow(name="train", flow_run_name=train_run_name)
-def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) -> dict[str, Any]:
+def train_flow(config: TrainConfig, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
+    cfg = config
     from thresher.stores.runs import tracked_run
     from thresher.trainers.sft import claim_output
     from thresher.trainers.stage import load_rows, train_model
 
-    cfg = TrainConfig(**config)
     lake = Lake(lake_root)
     mix = None
     if cfg.mix:
@@ -109,7 +111,7 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
         base = str(model_dir_for(lake, cfg.name, cfg.round) / "model")
         if not Path(base).is_dir():
             raise FileNotFoundError(f"no model of round {cfg.round} at {base} to continue from")
-    run = dict(flow="train", round_=cfg.round + 1, model=str(out), config=config)
+    run = dict(flow="train", round_=cfg.round + 1, model=str(out), config=cfg.model_dump())
     with tracked_run(lake, run_id, **run) as summary:
         if claim_output(out, run_id):
             summary["discarded_checkpoints"] = "another run's (other data or settings)"
@@ -150,9 +152,8 @@ def train_flow(config: dict[str, Any], lake_root: str, progress: bool = True) ->
 
 def run_train(cfg: TrainConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run the train flow for a validated config."""
-    from thresher.flows.curate import quiet_task_logs
-    from thresher.flows.runtime import flow_settings
+    from thresher.flows.runtime import flow_settings, quiet_task_logs
 
     quiet_task_logs()
     with flow_settings():
-        return train_flow(cfg.model_dump(), str(lake_root), progress)
+        return train_flow(cfg, str(lake_root), progress)

@@ -220,7 +220,7 @@ def test_bootstrap_config_builds_each_step():
     ],
 )
 def test_a_regressed_model_hands_sampling_back_to_the_best(pass1, best_round, tolerance, source):
-    from thresher.flows.bootstrap import sampling_model_round
+    from thresher.flows.rounds import sampling_model_round
 
     assert sampling_model_round(pass1, best_round, tolerance) == source
 
@@ -289,7 +289,7 @@ def test_band_share_counts_prompts_solved_sometimes(lake):
 
 
 def test_band_and_unset_retire_after_leave_identities_alone():
-    from thresher.flows.identities import bootstrap_run_id, run_id_for, selection_id_for
+    from thresher.identities import bootstrap_run_id, run_id_for, selection_id_for
 
     cfg = BootstrapConfig(**BOOT)
     band = BootstrapConfig(**BOOT, difficulty={"min_pass_rate": 0.1, "max_pass_rate": 0.9})

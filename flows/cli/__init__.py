@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    import polars as pl
 
 app = typer.Typer(
     name="thresher",
@@ -67,7 +70,7 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
-def print_frame(df, fmt: OutputFormat, max_rows: int = 50) -> None:
+def print_frame(df: pl.DataFrame, fmt: OutputFormat, max_rows: int = 50) -> None:
     """Print a polars DataFrame as a table, CSV or JSON (one array of objects)."""
     import polars as pl
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +16,9 @@ from thresher.flows.cli import (
     fail,
     print_frame,
 )
+
+if TYPE_CHECKING:
+    from thresher.config import EngineStage
 
 
 @app.command()
@@ -47,28 +50,30 @@ def curate(
     if cfg.lora and not (Path(cfg.lora) / "adapter_config.json").is_file():
         fail(f"{cfg.lora!r} is not a LoRA adapter folder (no adapter_config.json)")
     lake_root = lake or cfg.lake or None
-    from thresher.flows.curate import NothingToCurate, run_curate
-    from thresher.flows.gates import reward_model_check
+    from thresher.flows.curate import run_curate
+    from thresher.flows.gates import pipeline_gates
+    from thresher.flows.tasks import NothingToCurate
     from thresher.stores.lake import Lake
     from thresher.verifiers.reward import RewardModelRejected
 
     lk = Lake(lake_root)
     try:
-        reward_model_check(lk, cfg)  # before the flow: a refusal is one line, no traceback
+        pipeline_gates(lk, cfg)  # before the flow: a refusal is one line, no traceback
         summary = run_curate(cfg, lk.root, progress=progress)
     except (NothingToCurate, RewardModelRejected) as e:
         fail(str(e))
     print_summary(summary)
 
 
-def with_executor(cfg, executor: str | None):
+def with_executor(cfg: EngineStage, executor: str | None) -> EngineStage:
     """The config with --executor applied (validated like the file)."""
     if executor is None:
         return cfg
     from pydantic import ValidationError
 
     try:
-        return type(cfg)(**{**cfg.model_dump(), "executor": executor})
+        fields = {f: getattr(cfg, f) for f in type(cfg).model_fields}
+        return type(cfg)(**{**fields, "executor": executor})
     except ValidationError as e:
         fail(f"--executor {executor}: {e.errors()[0]['msg']}", code=2)
 
@@ -191,8 +196,8 @@ def eval_cmd(
         cfg.verify.with_reference()
     except ValueError as e:  # measured, but not a truth: say so
         typer.echo(f"warning: {e}", err=True)
-    from thresher.flows.curate import NothingToCurate
     from thresher.flows.evaluate import run_eval
+    from thresher.flows.tasks import NothingToCurate
     from thresher.stores.lake import Lake
 
     try:
@@ -291,13 +296,13 @@ def bootstrap(
         fail(f"model folder {cfg.base_model!r} does not exist (models load from local folders)")
     from thresher.evaluators.report import round_table
     from thresher.flows.bootstrap import run_bootstrap
-    from thresher.flows.curate import NothingToCurate
-    from thresher.flows.gates import reward_model_check
+    from thresher.flows.gates import pipeline_gates
+    from thresher.flows.tasks import NothingToCurate
     from thresher.stores.lake import Lake
 
     lk = Lake(lake or cfg.lake)
     try:
-        reward_model_check(lk, cfg.curate_config(0, cfg.base_model))
+        pipeline_gates(lk, cfg)  # before the flow: a refusal is one line, no traceback
         summary = run_bootstrap(cfg, lk.root, progress=progress)
     except (NothingToCurate, ValueError, FileNotFoundError) as e:
         fail(str(e))

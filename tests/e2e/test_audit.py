@@ -69,9 +69,9 @@ def audited(tiny_model, tmp_path_factory):
     """Round 0 curated twice over the same candidates: `good` verifies with math, `broken`
     with a format verifier that requires nothing (it passes everything). The good round's
     audit sheet is labelled from the known answers, three labels flipped on purpose."""
-    from thresher.flows.curate import curate_flow, stop_engine
+    from thresher.flows.curate import curate_flow
     from thresher.flows.evaluate import eval_flow
-    from thresher.flows.runtime import flow_settings
+    from thresher.flows.runtime import flow_settings, stop_engine
 
     tmp = tmp_path_factory.mktemp("audit")
     lake = Lake(tmp / "lake")

@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 
 from thresher.config import CurateConfig
-from thresher.flows.curate import NothingToCurate, run_curate
+from thresher.flows.curate import run_curate
+from thresher.flows.tasks import NothingToCurate
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 

@@ -72,7 +72,7 @@ def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp
     """Ingested as `test`, the split is read by nothing but `thresher eval --split test
     --final`; each opening is a run, counted in the report, apart from the rounds."""
     from thresher.config import CurateConfig
-    from thresher.flows.curate import prompt_rows
+    from thresher.flows.tasks import prompt_rows
     from thresher.stores.queries import SealedSplit, load_prompts
 
     lake = Lake(tmp_path / "lake")

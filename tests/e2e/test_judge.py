@@ -88,7 +88,7 @@ def curate_config(tiny_model, verify: dict) -> CurateConfig:
 def engine(tiny_model):
     """The module's one engine (the curate config's, so its runs reuse it too): every local
     judge below finds it running and reuses it."""
-    from thresher.flows.curate import stop_engine
+    from thresher.flows.runtime import stop_engine
     from thresher.samplers.engines import engine_kwargs
 
     llm = get_engine(**engine_kwargs(curate_config(tiny_model, {})))
