@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from thresher.config import EvalConfig
 from thresher.rules import rule_sql
 from thresher.stores.lake import Lake
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -26,7 +31,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def pass_counts(
     lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
-):
+) -> pl.DataFrame:
     """Per prompt of these candidates: task, n candidates and c passing (by `rule`, over
     the verdicts of the verifiers and options in `used`, verifier -> options digest)."""
     import pyarrow as pa
@@ -51,7 +56,7 @@ def pass_counts(
         con.close()
 
 
-def pass_at_ks(counts, ks: list[int]) -> list[dict]:
+def pass_at_ks(counts: pl.DataFrame, ks: list[int]) -> list[dict]:
     """Mean pass@k over prompts, per task and overall ("all")."""
     rows = counts.to_dicts()
     out = []

@@ -11,6 +11,8 @@ current selections count.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from thresher.config import FORGETTING
@@ -20,6 +22,9 @@ from thresher.stores.lake import (
     ROUND_FUNNEL_SQL,
     Lake,
 )
+
+if TYPE_CHECKING:
+    from thresher.config import EvalConfig
 
 # The funnel and difficulty columns the round table shows beside pass@k.
 ROUND_TABLE_COUNTS = (
@@ -299,7 +304,7 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
 
     from thresher.config import EvalConfig
     from thresher.evaluators.passk import pass_counts
-    from thresher.verifiers.stage import verifier_digests
+    from thresher.identities import verifier_digests
 
     where, params = _completed_runs("evaluate", name)
     runs = lake.query(
@@ -328,7 +333,7 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
     return pl.concat(frames).select("round", "prompt_id", "task", "n", "c", "rate")
 
 
-def eval_candidate_ids(lake: Lake, cfg) -> list[str]:
+def eval_candidate_ids(lake: Lake, cfg: EvalConfig) -> list[str]:
     """The candidates an evaluation judged, by their identity (prompts, model, round, n and
     sampling): a run that reused another's samples (its verifiers changed) owns none."""
     from thresher.samplers import expected_ids, sampling_params

@@ -8,13 +8,17 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.ids import content_id
 from thresher.stores.lake import Lake, now
 from thresher.stores.queries import existing_prompts
 from thresher.stores.schemas import PROMPT_FIELDS
 from thresher.stores.tables import reject_row, write_prompts, write_rejects
+
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
 
 FIELDS = PROMPT_FIELDS  # the fields of a prompt row
 SPLITS = ("train", "eval", "test")  # test is sealed: only a final evaluation reads it
@@ -170,7 +174,7 @@ def _has_surrogates(text: str) -> bool:
     return False
 
 
-def read_table_rows(table) -> Iterator[RawRow]:
+def read_table_rows(table: pa.Table | datasets.Dataset) -> Iterator[RawRow]:
     """Rows of an Arrow table or a `datasets.Dataset`."""
     for i, record in enumerate(table.to_pylist(), start=1):
         yield RawRow(i, json.dumps(record, ensure_ascii=False, default=str), record)

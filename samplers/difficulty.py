@@ -28,7 +28,9 @@ def plan_k(
     return plan
 
 
-def hinted_prompt(template: str, prompt: str | None, messages: list[dict] | None, answer: str):
+def hinted_prompt(
+    template: str, prompt: str | None, messages: list[dict] | None, answer: str
+) -> tuple[str | None, list[dict] | None]:
     """(prompt, messages) with the reference answer given as a hint, per `template`.
 
     For chat prompts the hint goes into the last user message.

@@ -10,10 +10,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.config import CurateConfig, RayConfig, SamplingConfig, ServerConfig
 from thresher.samplers.vllm_offline import Completion
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 
 class Sampler:
@@ -294,7 +297,7 @@ def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
     )
 
 
-def local_engine(cfg: CurateConfig, before_engine: Callable[[], None] | None = None):
+def local_engine(cfg: CurateConfig, before_engine: Callable[[], None] | None = None) -> LLM:
     """This process's vLLM engine for the config (started on first use, after
     `before_engine`)."""
     from thresher.samplers.vllm_offline import get_engine

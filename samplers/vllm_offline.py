@@ -11,7 +11,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 _ENGINE: dict[str, Any] = {"key": None, "llm": None}
 
@@ -111,7 +114,7 @@ def get_engine(
     enforce_eager: bool | None = None,
     max_lora_rank: int | None = None,
     extra: dict[str, Any] | None = None,
-):
+) -> LLM:
     """The process's vLLM engine for `model`, started on first use and reused after.
 
     Asking for another model (or other engine settings) shuts the old engine down first.
@@ -198,7 +201,9 @@ def shutdown_engine() -> None:
     gc.collect()
 
 
-def render_prompts(llm, prompts: list[str | None], messages: list[str | list | None]) -> list[str]:
+def render_prompts(
+    llm: LLM, prompts: list[str | None], messages: list[str | list | None]
+) -> list[str]:
     """Prompt strings for the engine: chat messages through the tokenizer's template."""
     tokenizer = None
     out = []
@@ -217,7 +222,7 @@ def render_prompts(llm, prompts: list[str | None], messages: list[str | list | N
 
 
 def sample(
-    llm,
+    llm: LLM,
     prompts: list[str],
     *,
     k: int,

@@ -5,10 +5,17 @@ selection id), never by the run that happened to write them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 
 from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, PROMPT_DIFFICULTY_SQL, Lake
 from thresher.stores.schemas import PASSED_SQL
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
 
 # A selection's rows (lakes written before selections had ids used the run id).
 _OF_SELECTION = "(s.selection_id = $sid OR (s.selection_id IS NULL AND s.run_id = $sid))"
@@ -25,7 +32,7 @@ def load_prompts(
     limit: int | None = None,
     task: str | None = None,
     open_test: bool = False,
-):
+) -> pl.DataFrame:
     """Prompts of one dataset split, ordered by prompt_id (a stable order for batching);
     the test split only with `open_test` (a final evaluation)."""
     if split == "test" and not open_test:
@@ -47,7 +54,7 @@ def _with_ids(con, name: str, column: str, ids: list[str]) -> None:
     con.register(name, pa.table({column: pa.array(ids, pa.string())}))
 
 
-def scoped_verdicts(con, used: dict[str, str] | None) -> str:
+def scoped_verdicts(con: duckdb.DuckDBPyConnection, used: dict[str, str] | None) -> str:
     """The verdicts to read, as SQL: only each verifier's rows for its options digest in
     `used` (verifier -> digest); every verdict when `used` is None."""
     if used is None:
@@ -167,7 +174,9 @@ def unsolved_prompts(
     return [r[0] for r in rows]
 
 
-def candidates_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, digest: str):
+def candidates_to_verify(
+    lake: Lake, candidate_ids: list[str], verifier: str, digest: str
+) -> pl.DataFrame:
     """These candidates, joined with their prompt, that `verifier` with these options (its
     digest) has not scored."""
     con = lake.connect()
@@ -187,7 +196,9 @@ def candidates_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, di
         con.close()
 
 
-def prompts_to_verify(lake: Lake, candidate_ids: list[str], verifier: str, digest: str):
+def prompts_to_verify(
+    lake: Lake, candidate_ids: list[str], verifier: str, digest: str
+) -> pl.DataFrame:
     """Every one of these candidates, joined with its prompt, of the prompts where `verifier`
     with these options (its digest) has not scored some of them (for a verifier that judges
     a prompt's candidates together); `missing` marks the unscored ones."""
@@ -265,7 +276,7 @@ def selected_count(lake: Lake, selection_id: str, candidate_ids: list[str]) -> i
         con.close()
 
 
-def kept_texts(lake: Lake, selection_id: str):
+def kept_texts(lake: Lake, selection_id: str) -> pl.DataFrame:
     """(candidate_id, text) of what a selection kept, in the order it kept them."""
     return lake.query(
         "SELECT c.candidate_id, c.text FROM selections s JOIN candidates c USING (candidate_id) "
@@ -393,7 +404,7 @@ def drop_counts(lake: Lake, name: str | None, round_: int) -> dict[str, int]:
     return dict(zip(rows["reason"].to_list(), rows["n"].to_list(), strict=True))
 
 
-def selection_outcomes(lake: Lake, selection_id: str):
+def selection_outcomes(lake: Lake, selection_id: str) -> pl.DataFrame:
     """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted,
     n_tokens and the model that sampled it."""
     return lake.query(
@@ -405,7 +416,9 @@ def selection_outcomes(lake: Lake, selection_id: str):
     )
 
 
-def selection_texts(lake: Lake, selection_id: str, batch_rows: int = 50_000):
+def selection_texts(
+    lake: Lake, selection_id: str, batch_rows: int = 50_000
+) -> Iterator[pl.DataFrame]:
     """(prompt_id, text) of a selection's unhinted candidates, ordered by prompt, as polars
     frames of about `batch_rows` rows read in one scan (a prompt may span two frames)."""
     import polars as pl
@@ -425,7 +438,9 @@ def selection_texts(lake: Lake, selection_id: str, batch_rows: int = 50_000):
         con.close()
 
 
-def latest_overall_eval(lake: Lake, name: str | None, round_: int, model: str | None = None):
+def latest_overall_eval(
+    lake: Lake, name: str | None, round_: int, model: str | None = None
+) -> pl.DataFrame:
     """run_id, metric, value of the overall held-out metrics (split 'eval', task 'all') of
     pipeline `name`'s latest evaluation of `model` (when given: a rolled-back round samples
     with an earlier round's model), else of model `round_` (empty: none)."""
@@ -444,7 +459,9 @@ def latest_overall_eval(lake: Lake, name: str | None, round_: int, model: str | 
     )
 
 
-def code_prompts(lake: Lake, dataset: str, split: str | None = None, limit: int | None = None):
+def code_prompts(
+    lake: Lake, dataset: str, split: str | None = None, limit: int | None = None
+) -> pl.DataFrame:
     """A dataset's prompts that have tests (any split but the sealed test split unless
     named), ordered by prompt_id."""
     sql = "SELECT * FROM prompts WHERE dataset = ? AND tests IS NOT NULL"
@@ -489,7 +506,7 @@ def has_dataset(lake: Lake, dataset: str) -> bool:
     return bool(lake.query("SELECT count(*) FROM prompts WHERE dataset = ?", [dataset]).item())
 
 
-def strength_summary(lake: Lake, dataset: str):
+def strength_summary(lake: Lake, dataset: str) -> tuple[pl.DataFrame, int]:
     """A dataset's test-strength summary per suite, and how many prompts' original tests
     are weak (`weak_prompts`)."""
     df = lake.query(
@@ -501,7 +518,7 @@ def strength_summary(lake: Lake, dataset: str):
     return df, weak
 
 
-def with_strengthened_tests(lake: Lake, rows):
+def with_strengthened_tests(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
     """Rows (a frame with prompt_id and tests) with each prompt's latest strengthened tests
     where `thresher tests-audit` made some (its reference passing), and a `tests_suite`
     column saying which suite each row has."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import duckdb
 
 from thresher.stores.lake import Lake
+
+if TYPE_CHECKING:
+    import polars as pl
 
 READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -27,7 +32,7 @@ def check_read_only(sql: str) -> None:
         )
 
 
-def run_sql(lake: Lake, sql: str):
+def run_sql(lake: Lake, sql: str) -> pl.DataFrame:
     """Run one read-only statement over the lake; returns a polars DataFrame.
 
     Raises QueryRefused for writes and duckdb.Error for a bad query.

@@ -6,9 +6,12 @@ columns that say which run wrote them and when; the lake skips rows whose key is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.stores.lake import Lake, now
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def write_prompts(lake: Lake, rows: list[dict[str, Any]]) -> int:
@@ -22,7 +25,7 @@ def write_candidates(lake: Lake, rows: list[dict[str, Any]]) -> int:
     return lake.append("candidates", rows)
 
 
-def write_verdicts(lake: Lake, verdicts, options_digest: str, run_id: str) -> int:
+def write_verdicts(lake: Lake, verdicts: pl.DataFrame, options_digest: str, run_id: str) -> int:
     """Append one verifier's verdicts (a verifier's output frame) under its options digest."""
     import polars as pl
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 IGNORE = -100
 
@@ -46,13 +50,15 @@ def _split_row(row: dict[str, Any]) -> tuple[list[dict] | None, str | None, str]
     return None, row["prompt"], row["completion"]
 
 
-def encode(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]]:
+def encode(row: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids) exactly as sampling sees them, the answer ending in EOS."""
     prompt_ids, answer_ids, _ = encode_checked(row, tokenizer)
     return prompt_ids, answer_ids
 
 
-def encode_checked(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int], bool]:
+def encode_checked(
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[int], bool]:
     """encode(), and whether the answer fell back to its raw text.
 
     The answer is the rendered conversation minus the rendered prompt. A template that
@@ -81,7 +87,7 @@ def encode_checked(row: dict[str, Any], tokenizer) -> tuple[list[int], list[int]
 
 
 def build_examples(
-    rows: list[dict[str, Any]], tokenizer, max_len: int
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_len: int
 ) -> tuple[list[dict[str, list[int]]], BuildReport]:
     """input_ids and labels (-100 on prompt tokens) for each row that keeps an answer.
 
@@ -118,7 +124,7 @@ def build_examples(
     return out, report
 
 
-def collate(batch: list[dict[str, list[int]]], pad_id: int):
+def collate(batch: list[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask, labels (-100 on padding)."""
     import torch
 
@@ -163,7 +169,9 @@ def batch_shape(lengths: list[int], packed: bool) -> tuple[int, int]:
     return len(bins), max(sum(lengths[i] for i in b) for b in bins)
 
 
-def collate_packed(batch: list[dict[str, list[int]]], pad_id: int, capacity: int | None = None):
+def collate_packed(
+    batch: list[dict[str, list[int]]], pad_id: int, capacity: int | None = None
+) -> dict[str, torch.Tensor]:
     """Packed tensors: input_ids, position_ids, labels; no attention_mask.
 
     Each row holds several examples (see pack) in at most `capacity` tokens, by default the

@@ -24,11 +24,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.config import TrainSettings
 from thresher.trainers.data import IGNORE, batch_shape, build_examples, collate, collate_packed
 from thresher.trainers.distributed import Dist
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 ONE = Dist()  # a single process
 
@@ -98,7 +102,9 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_model(base_model: str, settings: TrainSettings, device: str | None = None):
+def load_model(
+    base_model: str, settings: TrainSettings, device: str | None = None
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The model to train: base weights, fp32 on CPU, bf16 + gradient checkpointing on GPU,
     wrapped with LoRA when asked; on `device` (default: the GPU when there is one)."""
     import torch
@@ -385,7 +391,7 @@ def _backward(
     return loss_sum
 
 
-def answer_loss(model, batch: dict):
+def answer_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """The causal LM loss of `batch` (mean over its labelled tokens, as `model(**batch).loss`)
     with the output layer run only where a label is predicted.
 
@@ -405,7 +411,9 @@ def answer_loss(model, batch: dict):
     return torch.nn.functional.cross_entropy(logits, targets[keep])
 
 
-def evaluate(model, eval_set: list[dict], pad: int, batch_size: int, dist: Dist = ONE) -> float:
+def evaluate(
+    model: torch.nn.Module, eval_set: list[dict], pad: int, batch_size: int, dist: Dist = ONE
+) -> float:
     """Token-level mean loss on the held-out slice (each rank scores its slice of a batch)."""
     import torch
 

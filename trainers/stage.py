@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.config import TrainConfig
 from thresher.stores.lake import Lake
+
+if TYPE_CHECKING:
+    from thresher.trainers.sft import TrainResult
 
 
 def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict[str, Any]]:
@@ -36,7 +39,7 @@ def train_model(
     rows: list[dict[str, Any]],
     out_dir: str | Path,
     progress: bool = True,
-):
+) -> TrainResult:
     """Train on `rows` where `cfg.distributed` says, each logged step's metrics into
     `train_metrics` under `run_id`; returns the TrainResult."""
     from thresher.stores.tables import write_train_metrics

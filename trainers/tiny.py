@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # The assistant's answer follows "assistant:" and ends with EOS, exactly as the model
 # samples it (its answers start with a space), so training on sampled answers reproduces
@@ -117,7 +121,7 @@ def write_word_problems(path: str | Path, n: int, seed: int = 0) -> Path:
     return Path(path)
 
 
-def build_tokenizer(texts: list[str], vocab_size: int = 512):
+def build_tokenizer(texts: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` and wrap it for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thresher.cluster import connect
 from thresher.config import RayConfig
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _REMOTE: dict[str, Any] = {}
 
@@ -16,7 +19,9 @@ def _verify_chunk(name: str, options: dict[str, Any] | None, rows):
     return get_verifier(name, options).run(rows)
 
 
-def verify_on_cluster(ray_cfg: RayConfig, name: str, options: dict[str, Any] | None, rows):
+def verify_on_cluster(
+    ray_cfg: RayConfig, name: str, options: dict[str, Any] | None, rows: pl.DataFrame
+) -> pl.DataFrame:
     """Verdicts of verifier `name` for `rows`, computed in chunks on the cluster's CPUs."""
     import polars as pl
     import ray

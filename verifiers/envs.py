@@ -42,7 +42,7 @@ def final_answer(text: str) -> tuple[str | None, str]:
     return answer, f"no <answer> tags; thresher's answer finding ({how})"
 
 
-def scorer(generator: str, config: dict):
+def scorer(generator: str, config: dict) -> Any:
     """The task's dataset, whose `score_answer(answer, entry)` is its own scorer."""
     key = json.dumps([generator, config], sort_keys=True)
     if key not in _SCORERS:

@@ -33,6 +33,11 @@ import struct
 import sys
 import time
 
+TYPE_CHECKING = False  # no typing import at run time: annotations only
+if TYPE_CHECKING:
+    from types import CodeType
+    from typing import Any, NoReturn
+
 MAX_DEPTH = 100
 HEADER = struct.Struct(">I")
 PREIMPORT = (
@@ -48,7 +53,7 @@ class NotPlain(Exception):
     """A value that may not cross between the candidate and the referee."""
 
 
-def encode(value, depth=0):
+def encode(value: Any, depth: int = 0) -> Any:
     """A JSON-able form of a plain value; NotPlain for anything else (subclasses too)."""
     if depth > MAX_DEPTH:
         raise NotPlain(f"a value nested deeper than {MAX_DEPTH} levels")
@@ -72,7 +77,7 @@ def encode(value, depth=0):
     raise NotPlain(f"an object of type {name}" if type(name) is str else "an object")
 
 
-def decode(obj, depth=0):
+def decode(obj: Any, depth: int = 0) -> Any:
     """The plain value an `encode` form stands for; NotPlain for anything malformed."""
     if depth > MAX_DEPTH:
         raise NotPlain(f"a value nested deeper than {MAX_DEPTH} levels")
@@ -114,7 +119,7 @@ def _decode_tagged(tag, body, depth):
     raise NotPlain("a malformed value")
 
 
-def short(value, n=80):
+def short(value: Any, n: int = 80) -> str:
     """repr() cut to n characters."""
     text = repr(value)
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -131,12 +136,12 @@ class Gone(Exception):
     """The other end closed the connection."""
 
 
-def send_msg(sock, obj):
+def send_msg(sock: socket.socket, obj: Any) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     sock.sendall(HEADER.pack(len(data)) + data)
 
 
-def recv_exact(sock, n, deadline=None):
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     chunks, got = [], 0
     while got < n:
         if deadline is not None:
@@ -155,7 +160,7 @@ def recv_exact(sock, n, deadline=None):
     return b"".join(chunks)
 
 
-def recv_msg(sock, cap, deadline=None):
+def recv_msg(sock: socket.socket, cap: int, deadline: float | None = None) -> Any:
     (n,) = HEADER.unpack(recv_exact(sock, HEADER.size, deadline))
     if n > cap:
         raise OverflowError(f"a message of {n} bytes (the limit is {cap})")
@@ -173,20 +178,20 @@ class _CountAsserts(ast.NodeTransformer):
         return [ast.copy_location(call, node), node]
 
 
-def compile_counted(source, filename):
+def compile_counted(source: str, filename: str) -> CodeType:
     """Compile test code so that each assert statement reached calls COUNTER first."""
     tree = _CountAsserts().visit(ast.parse(source, filename))
     return compile(ast.fix_missing_locations(tree), filename, "exec")
 
 
-def has_assert(source):
+def has_assert(source: str) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(source)))
 
 
 # -- the candidate process -------------------------------------------------------------
 
 
-def set_limits(limits):
+def set_limits(limits: dict[str, Any]) -> None:
     import resource
 
     mb = 1024 * 1024
@@ -200,7 +205,7 @@ def set_limits(limits):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def candidate_main(header, fds):
+def candidate_main(header: dict[str, Any], fds: list[int]) -> NoReturn:
     """The forked candidate: wire descriptors, set limits, read the code, run it; never returns."""
     os.setsid()
     data, errs = fds[0], (fds[1] if len(fds) > 1 else None)
@@ -232,7 +237,7 @@ def candidate_main(header, fds):
     serve_calls(sock, msg["code"])
 
 
-def run_program(code):
+def run_program(code: str) -> NoReturn:
     """Run a stdin/stdout program as __main__; exit 1 with the error on stderr if it raises."""
     import io
 
@@ -267,7 +272,7 @@ def _callables(ns):
     return out[:10_000]
 
 
-def serve_calls(sock, code):
+def serve_calls(sock: socket.socket, code: str) -> NoReturn:
     """Load the code, report its callables, then answer the referee's calls until it hangs up."""
     ns = {"__name__": "__candidate__", "__builtins__": builtins}
     try:
@@ -321,7 +326,7 @@ def _describe(e):
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def run_shared(sock, msg):
+def run_shared(sock: socket.socket, msg: dict[str, Any]) -> NoReturn:
     """isolation: shared: run code and tests in this process and report (forgeable) counts."""
     ns = {"__name__": "__candidate__", "__builtins__": builtins}
     counted = [0]
@@ -356,7 +361,7 @@ def run_shared(sock, msg):
 # -- the starter -----------------------------------------------------------------------
 
 
-def not_dumpable():
+def not_dumpable() -> None:
     """Forbid ptrace and /proc access to this process by others of the same user."""
     try:
         import ctypes
@@ -366,7 +371,7 @@ def not_dumpable():
         pass
 
 
-def starter_main(fd):
+def starter_main(fd: int) -> NoReturn:
     """Fork a candidate process for each request of the referee and report its exit status."""
     not_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -931,7 +936,7 @@ class CandidateError(Exception):
     """An exception the candidate raised, of a type the referee does not know."""
 
 
-def candidate_exception(name, message):
+def candidate_exception(name: str, message: str) -> Exception:
     """The candidate's exception as the referee sees it: a built-in type, or CandidateError."""
     cls = getattr(builtins, name, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
@@ -942,11 +947,13 @@ def candidate_exception(name, message):
     return CandidateError(f"{name[:60]}: {message[:300]}")
 
 
-def deadline_left(deadline):
+def deadline_left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-def pump(sock, errs, data, cap, deadline):
+def pump(
+    sock: socket.socket, errs: socket.socket, data: bytes, cap: int, deadline: float
+) -> tuple[bytes, bytes, str]:
     """Feed a program its input and collect its output: (stdout, stderr tail, problem)."""
     sock.setblocking(False)
     errs.setblocking(False)
@@ -990,7 +997,7 @@ def pump(sock, errs, data, cap, deadline):
     return bytes(out), bytes(err), ""
 
 
-def runtime_error(status, err):
+def runtime_error(status: int | None, err: bytes) -> str:
     """Why the program's exit counts as a runtime error, or '' for a clean exit."""
     tail = err.decode("utf-8", "replace").strip().splitlines()
     last = tail[-1][:200] if tail else ""
@@ -1018,7 +1025,9 @@ def _as_float(token):
     return float(token) if _NUMBER.fullmatch(token) else None
 
 
-def compare_output(got, want, abs_tol=0.0, rel_tol=0.0):
+def compare_output(
+    got: str, want: str, abs_tol: float = 0.0, rel_tol: float = 0.0
+) -> tuple[bool, str]:
     """Compare by line and token, ignoring blank lines and spacing; floats within tolerance."""
     import math
 
@@ -1043,7 +1052,7 @@ def compare_output(got, want, abs_tol=0.0, rel_tol=0.0):
     return True, ""
 
 
-def reap():
+def reap() -> None:
     """Collect exited children (as the namespace's init, the referee inherits orphans)."""
     while True:
         try:
@@ -1054,7 +1063,7 @@ def reap():
             return
 
 
-def referee_main():
+def referee_main() -> None:
     not_dumpable()
     payload = json.loads(sys.stdin.read())
     sys.stdin.close()
@@ -1064,7 +1073,7 @@ def referee_main():
         sys.stdout.flush()
 
 
-def main():
+def main() -> None:
     if sys.argv[1:2] == ["starter"]:
         starter_main(int(sys.argv[2]))
     else:

@@ -272,7 +272,7 @@ def mutate_stdin(seeds: list[str], n: int, seed: str, near_first: bool = True) -
     return _sample(_generations(seeds, _stdin_variants, n), n, seed, near_first)
 
 
-def literal(value) -> str | None:
+def literal(value: Any) -> str | None:
     """`value` as a Python literal that reads back equal, else None (nan, inf, objects)."""
     text = repr(value)
     try:
@@ -282,7 +282,7 @@ def literal(value) -> str | None:
     return text if back == value and type(back) is type(value) else None
 
 
-def assert_line(call: str, args: list, expected) -> str | None:
+def assert_line(call: str, args: list, expected: Any) -> str | None:
     """`assert call(args) == expected` (floats within 1e-9 relative), or None when an
     argument or the value has no literal form."""
     shown = [literal(a) for a in args]

@@ -17,6 +17,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from thresher.verifiers import harness
 from thresher.verifiers.code import BadTests, build_job, parse_tests
@@ -30,6 +31,9 @@ from thresher.verifiers.mutants import (
     named_calls,
 )
 from thresher.verifiers.sandbox import Job, Limits, run_jobs
+
+if TYPE_CHECKING:
+    from thresher.stores.lake import Lake
 
 ORIGINAL, STRENGTHENED = "original", "strengthened"
 
@@ -355,7 +359,7 @@ STRENGTH_VERSION = 1  # raised when the same settings would audit differently
 
 
 def audit_dataset(
-    lake,
+    lake: Lake,
     dataset: str,
     split: str | None = None,
     mutants: int = 20,
