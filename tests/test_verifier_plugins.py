@@ -22,7 +22,7 @@ SPEC = "mypkg.checks:EvenLength"
 
 def readme_example() -> str:
     """The code of the README's "Writing your own verifier" example, as printed there."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "verifiers.md").read_text()
     return text.split("# mypkg/checks.py\n", 1)[1].split("```", 1)[0]
 
 
