@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.thresher-$(EXTRA).stamp
 DEMO_MODEL := .cache/word-model
 DEMO_LAKE  ?= lake
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test docs lint clean
 
 setup: $(STAMP)
 
@@ -67,8 +67,18 @@ reasoning-gym: $(SMOLLM2_MODEL)/config.json
 	$(BIN)/thresher bootstrap -c configs/bootstrap-reasoning-gym.yaml --lake $(RG_LAKE)
 	$(BIN)/thresher report --name smollm2-reasoning-gym --lake $(RG_LAKE)
 
-test: setup
+# The manual (docs/, mkdocs-material) into .cache/site; broken links and missing pages fail.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d .cache/site
+
+test: setup docs
 	$(BIN)/python -m pytest
+
+# The tests that start no vLLM engine, no Prefect/Ray/S3 server, no browser and no torch
+# model, one worker per core (about 3 min on 2 cores); tests/conftest.py marks the rest `slow`.
+.PHONY: test-fast
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" -n auto
 
 lint: setup
 	$(BIN)/ruff check .

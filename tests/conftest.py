@@ -20,6 +20,39 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.pop("THRESHER_LAKE", None)
 
 
+# What a test starts, told by the fixtures it uses (directly or through other fixtures).
+HEAVY_FIXTURES = {
+    "engine": "engine",  # a vLLM engine in the process (tests/e2e/test_judge, test_samplers)
+    "server": "engine",  # `vllm serve` (tests/e2e/test_server_sampler)
+    "prefect_server": "server",
+    "prefect_env": "server",
+    "ray_cluster": "server",
+    "s3": "server",  # moto's S3 server (test_lake_s3)
+    "browser": "browser",
+    # loads or trains the tiny Llama with torch (test_distributed launches torchrun too)
+    "tiny_model": "model",
+}
+HEAVY_MARKERS = ("engine", "server", "browser", "model")
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by what it starts, so `-m "not slow"` (`make test-fast`) runs the rest.
+
+    `engine`/`server`/`browser`/`model` from the fixtures above; `slow` on those, on tests
+    marked by hand with one of them, and on everything under tests/e2e/ (their flows start
+    Prefect's temporary server, most run the engine too).
+    """
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for marker in sorted({HEAVY_FIXTURES[n] for n in names & HEAVY_FIXTURES.keys()}):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+        heavy = any(item.get_closest_marker(m) for m in HEAVY_MARKERS)
+        if heavy or item.path.is_relative_to(E2E):
+            item.add_marker("slow")
+
+
 # made-up facts in the tiny model's vocabulary: nothing it could answer before training
 MADE_UP_PAIRS = [
     ("What is 2 # 3?", "7"),
