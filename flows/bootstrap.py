@@ -47,12 +47,11 @@ def bootstrap_run_name() -> str:
 
 
 @flow(name="bootstrap", flow_run_name=bootstrap_run_name)
-def bootstrap_flow(
-    config: BootstrapConfig, lake_root: str, progress: bool = True
-) -> dict[str, Any]:
+def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
-    cfg = config
+    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
+    cfg = config if isinstance(config, BootstrapConfig) else BootstrapConfig.model_validate(config)
     from thresher.stores.runs import tracked_run
 
     lake = Lake(lake_root)

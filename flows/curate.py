@@ -37,9 +37,10 @@ def curate_run_name() -> str:
 
 
 @flow(name="curate", flow_run_name=curate_run_name)
-def curate_flow(config: CurateConfig, lake_root: str, progress: bool = True) -> dict[str, Any]:
+def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Sample, verify and select one round for the prompts the config names."""
-    cfg = config
+    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
+    cfg = config if isinstance(config, CurateConfig) else CurateConfig.model_validate(config)
     from tqdm.auto import tqdm
 
     from thresher.flows.gates import pipeline_gates

@@ -23,9 +23,10 @@ def eval_run_name() -> str:
 
 
 @flow(name="evaluate", flow_run_name=eval_run_name)
-def eval_flow(config: EvalConfig, lake_root: str, progress: bool = True) -> dict[str, Any]:
+def eval_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
-    cfg = config
+    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
+    cfg = config if isinstance(config, EvalConfig) else EvalConfig.model_validate(config)
     from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 

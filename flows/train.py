@@ -76,10 +76,11 @@ def no_rows_message(cfg: TrainConfig, lake: Lake) -> str:
 
 
 @flow(name="train", flow_run_name=train_run_name)
-def train_flow(config: TrainConfig, lake_root: str, progress: bool = True) -> dict[str, Any]:
+def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
-    cfg = config
+    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
     from thresher.stores.runs import tracked_run
     from thresher.trainers.sft import claim_output
     from thresher.trainers.stage import load_rows, train_model
