@@ -51,7 +51,7 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
     """Curate with model r, train model r+1, evaluate it; stop at max_rounds or when
     held-out pass@1 stops improving by min_gain for `patience` rounds."""
     # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = config if isinstance(config, BootstrapConfig) else BootstrapConfig.model_validate(config)
+    cfg = BootstrapConfig.model_validate(config)  # a model passes through as it is
     from thresher.stores.runs import tracked_run
 
     lake = Lake(lake_root)

@@ -40,7 +40,7 @@ def curate_run_name() -> str:
 def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """Sample, verify and select one round for the prompts the config names."""
     # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = config if isinstance(config, CurateConfig) else CurateConfig.model_validate(config)
+    cfg = CurateConfig.model_validate(config)  # a model passes through as it is
     from tqdm.auto import tqdm
 
     from thresher.flows.gates import pipeline_gates

@@ -26,7 +26,7 @@ def eval_run_name() -> str:
 def eval_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
     """pass@k (per task and overall) of a model on held-out prompts, into `evals`."""
     # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = config if isinstance(config, EvalConfig) else EvalConfig.model_validate(config)
+    cfg = EvalConfig.model_validate(config)  # a model passes through as it is
     from prefect.utilities.annotations import quote
     from tqdm.auto import tqdm
 

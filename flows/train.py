@@ -80,7 +80,7 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
     # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
+    cfg = TrainConfig.model_validate(config)  # a model passes through as it is
     from thresher.stores.runs import tracked_run
     from thresher.trainers.sft import claim_output
     from thresher.trainers.stage import load_rows, train_model
