@@ -83,6 +83,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("elapsed_ms", pa.float64()),
             ("run_id", pa.string()),
             ("created_at", TS),
+            # the final answer an answer-reading verifier found (null: none, or not one)
+            ("answer", pa.string()),
         ]
     ),
     "selections": pa.schema(
@@ -215,6 +217,7 @@ class DropReason(StrEnum):
     capped = "capped"  # over the per-prompt cap
     hint_share = "hint_share"  # a hinted candidate over the share of hinted data
     weak_tests = "weak_tests"  # weak_tests:<kill rate or 'not audited'> (min_test_strength)
+    answer_share = "answer_share"  # answer_share:<answer>: over its reference share
 
     def of(self, detail: str) -> str:
         """The stored reason with its detail: `contaminated:eval-1`."""
@@ -222,7 +225,12 @@ class DropReason(StrEnum):
 
     def sql(self) -> str:
         """A SQL condition on `drop_reason` that holds for this reason."""
-        if self in (DropReason.contaminated, DropReason.duplicate_of, DropReason.weak_tests):
+        if self in (
+            DropReason.contaminated,
+            DropReason.duplicate_of,
+            DropReason.weak_tests,
+            DropReason.answer_share,
+        ):
             return f"drop_reason LIKE '{self.value}:%'"
         return f"drop_reason = '{self.value}'"
 

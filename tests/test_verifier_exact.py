@@ -47,7 +47,15 @@ def test_batch_interface_one_row_per_candidate():
         {"candidate_id": ["a", "b"], "text": ["answer is 2", "answer is 3"], "answer": ["2", "2"]}
     )
     out = verify(batch, ["exact"])
-    assert out.columns == ["candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms"]
+    assert out.columns == [
+        "candidate_id",
+        "verifier",
+        "score",
+        "passed",
+        "reason",
+        "elapsed_ms",
+        "answer",
+    ]
     assert out["passed"].to_list() == [True, False]
     assert out["verifier"].to_list() == ["exact", "exact"]
     assert (out["elapsed_ms"] >= 0).all()

@@ -64,7 +64,15 @@ def test_a_module_class_name_imports_and_registers_it_under_its_name(mypkg):
     assert registry()["even_length"] is type(verifier)
     assert verifiers.verifier_name(SPEC) == "even_length"
     out = verifier.run(batch(["ab", "abc", ""]))
-    assert out.columns == ["candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms"]
+    assert out.columns == [
+        "candidate_id",
+        "verifier",
+        "score",
+        "passed",
+        "reason",
+        "elapsed_ms",
+        "answer",
+    ]
     assert out["verifier"].to_list() == ["even_length"] * 3  # verdict rows carry the name
     assert out["passed"].to_list() == [True, False, True]
     assert out["reason"].to_list() == ["2 characters", "3 characters", "0 characters"]

@@ -93,6 +93,7 @@ class Verdict:
     score: float
     passed: bool
     reason: str
+    answer: str | None = None  # the final answer it read (stripped), for answer monitors
 
 
 def quote(text: object, limit: int = 160) -> str:
@@ -102,9 +103,16 @@ def quote(text: object, limit: int = 160) -> str:
 
 
 def verdict_frame(
-    name: str, candidate_ids: list[str], verdicts: list[Verdict], elapsed_ms: list[float]
+    name: str,
+    candidate_ids: list[str],
+    verdicts: list[Verdict],
+    elapsed_ms: list[float],
+    answers: list[str | None] | None = None,
 ) -> pl.DataFrame:
-    """Assemble verdicts into the `verdicts` columns."""
+    """Assemble verdicts into the `verdicts` columns (`answers`, when given, replace the
+    verdicts' own)."""
+    if answers is None:
+        answers = [v.answer for v in verdicts]
     return pl.DataFrame(
         {
             "candidate_id": candidate_ids,
@@ -113,6 +121,7 @@ def verdict_frame(
             "passed": [bool(v.passed) for v in verdicts],
             "reason": [v.reason for v in verdicts],
             "elapsed_ms": elapsed_ms,
+            "answer": [None if a is None else str(a).strip()[:200] for a in answers],
         },
         schema={
             "candidate_id": pl.String,
@@ -121,6 +130,7 @@ def verdict_frame(
             "passed": pl.Boolean,
             "reason": pl.String,
             "elapsed_ms": pl.Float64,
+            "answer": pl.String,
         },
     )
 

@@ -68,12 +68,12 @@ def score_in_worker(job: dict) -> Verdict:
     try:
         score = float(dataset.score_answer(answer, job["entry"]))
     except Exception as e:  # a scorer that raises on odd input: a failed verdict
-        return Verdict(
-            0.0, False, f"{how}: {quote(answer)}: {generator}'s scorer raised {_error(e)}"
-        )
+        why = f"{how}: {quote(answer)}: {generator}'s scorer raised {_error(e)}"
+        return Verdict(0.0, False, why, answer)
     passed = score >= min_score
     said = f"{how}: {quote(answer)} scored {score:g} by {generator}'s scorer"
-    return Verdict(score, passed, said + ("" if passed else f" (passing needs {min_score:g})"))
+    why = said + ("" if passed else f" (passing needs {min_score:g})")
+    return Verdict(score, passed, why, answer)
 
 
 def _error(e: Exception) -> str:

@@ -30,8 +30,8 @@ def check(text: str, reference: str | None) -> Verdict:
         return Verdict(0.0, False, "no answer found")
     got, want = normalise(answer), normalise(str(reference))
     if got == want:
-        return Verdict(1.0, True, f"{how}: {quote(answer)} == {quote(reference)}")
-    return Verdict(0.0, False, f"{how}: {quote(answer)} != {quote(reference)}")
+        return Verdict(1.0, True, f"{how}: {quote(answer)} == {quote(reference)}", answer)
+    return Verdict(0.0, False, f"{how}: {quote(answer)} != {quote(reference)}", answer)
 
 
 class ExactMatch(Verifier):

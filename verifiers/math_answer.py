@@ -22,7 +22,13 @@ import polars as pl
 from pydantic import Field, field_validator
 
 from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
-from thresher.verifiers.extract import NUMBER, latex_spans, marked_answers, mask_math
+from thresher.verifiers.extract import (
+    NUMBER,
+    final_answers,
+    latex_spans,
+    marked_answers,
+    mask_math,
+)
 
 _TEXT_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{[a-zA-Z ]+\}")
 _TEXT_ANY = re.compile(r"\\(?:text\w*|mbox|mathrm|operatorname)\{[^{}]*\}")
@@ -468,7 +474,9 @@ class MathAnswer(Verifier):
         results = self._check_many(pairs)
         verdicts = [v for v, _ in results]
         elapsed = [ms for _, ms in results]
-        return verdict_frame(self.name, batch["candidate_id"].to_list(), verdicts, elapsed)
+        answers = [_last(final_answers(text or "", self.pattern)[0]) for text, _ in pairs]
+        ids = batch["candidate_id"].to_list()
+        return verdict_frame(self.name, ids, verdicts, elapsed, answers)
 
     def _check_many(self, pairs: list[tuple[str, str | None]]) -> list[tuple[Verdict, float]]:
         """(verdict, elapsed ms) per (text, reference): plain numbers here, the rest in workers."""
@@ -487,6 +495,10 @@ class MathAnswer(Verifier):
             for i, result in zip(slow, check_in_workers(jobs, self.timeout_s), strict=True):
                 results[i] = result
         return results  # type: ignore[return-value]
+
+
+def _last(answers: list[str]) -> str | None:
+    return answers[-1] if answers else None
 
 
 def _ms_since(start: float) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 from pydantic import Field, field_validator
@@ -46,7 +46,7 @@ class Choice(Verifier):
             return Verdict(0.0, False, f"{how}: {what} in {quote(answers[-1])}")
         got = letters.pop()
         passed = got == want
-        return Verdict(float(passed), passed, f"{how}: chose {got}, reference {want}")
+        return Verdict(float(passed), passed, f"{how}: chose {got}, reference {want}", got)
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text, answer)."""
@@ -173,3 +173,49 @@ class Format(Verifier):
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text)."""
         return map_rows(self.name, batch, lambda row: self.check(row["text"]))
+
+
+class AnswerFormat(Verifier):
+    """The `answer_format` verifier: the answer is stated the way the prompt asked, between
+    `<tag>` and `</tag>` (reasoning-gym's own reading: the last such pair, not empty).
+
+    A separate verdict from correctness: a rule such as "reasoning_gym and answer_format"
+    is the environment's protocol, the correctness verifier alone the lenient reading.
+    Options: `tag` (default "answer"), `when` ("asked": only where the prompt's text names
+    `<tag>`, other prompts pass as asking no format; "always").
+    """
+
+    name = "answer_format"
+
+    class Options(Verifier.Options):
+        tag: str = Field("answer", pattern=r"^[A-Za-z][\w-]*$", description="the tag's name")
+        when: Literal["asked", "always"] = Field(
+            "asked", description="judge every prompt, or only those whose text names the tag"
+        )
+
+    def __init__(self, tag: str = "answer", when: str = "asked"):
+        self.tag, self.when = tag, when
+        self._pair = re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.DOTALL)
+
+    def check(self, text: str, asked_in: str) -> Verdict:
+        """The verdict on one completion of a prompt whose text is `asked_in`."""
+        opener = f"<{self.tag}>"
+        if self.when == "asked" and opener not in (asked_in or ""):
+            return Verdict(1.0, True, f"the prompt asks for no {opener} format")
+        found = self._pair.findall(text or "")
+        if not found:
+            said = "no" if opener not in (text or "") else f"an unclosed {opener},"
+            return Verdict(0.0, False, f"{said} {opener}...</{self.tag}> answer")
+        answer = found[-1].strip()
+        if not answer:
+            return Verdict(0.0, False, f"the last {opener}...</{self.tag}> is empty")
+        return Verdict(1.0, True, f"answer {quote(answer)} in {opener} tags", answer)
+
+    def run(self, batch: pl.DataFrame) -> pl.DataFrame:
+        """One verdict per row (columns candidate_id, text, and prompt or messages)."""
+        return map_rows(self.name, batch, lambda row: self.check(row["text"], _asked_in(row)))
+
+
+def _asked_in(row: dict) -> str:
+    """The prompt's text as the model read it: the prompt, or its messages' JSON."""
+    return (row.get("prompt") or "") + (row.get("messages") or "")
