@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import polars.selectors as cs
 
 from thresher.evaluators.audit import verifier_quality
 from thresher.evaluators.report import (
@@ -30,7 +31,7 @@ PLOTS += ("monitors.png",)
 
 # Funnel stages drawn as bars; the rare drops only when some round has them.
 FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
-FUNNEL_RARE = ("truncated_dropped", "too_easy", "hint_share")
+FUNNEL_RARE = ("truncated_dropped", "too_easy", "hint_share", "answer_share")
 
 
 class NoRounds(ValueError):
@@ -138,7 +139,9 @@ def _plot_passk(
     ax = fig.add_subplot()
     rounds = evals["round"].to_list()
     for metric in evals.columns[1:]:
-        ax.plot(rounds, evals[metric].to_list(), marker="o", label=metric)
+        # the answer prior is a property of the held-out set: a reference line, not a model's
+        style = {"linestyle": "--", "color": "grey"} if metric == "constant-answer" else {}
+        ax.plot(rounds, evals[metric].to_list(), marker="o", label=metric, **style)
     if best is not None and "pass@1" in evals.columns:
         value = evals.filter(pl.col("round") == best)["pass@1"][0]
         ax.plot([best], [value], marker="*", markersize=16, color="gold", markeredgecolor="k",
@@ -458,7 +461,7 @@ def _plot_tasks(table: pl.DataFrame, path: Path) -> None:
 def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     """Held-out pass@1 per task and round with 95 % intervals (a table and a plot), and the
     last round's gain over the base model on the same prompts."""
-    from thresher.evaluators.report import gain_by_task, task_pass_by_round
+    from thresher.evaluators.report import gain_by_task, prior_by_task, task_pass_by_round
 
     table = task_pass_by_round(lake, name) if name is not None else pl.DataFrame()
     if table.is_empty() or table["task"].n_unique() < 2:
@@ -490,7 +493,89 @@ def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
             "(an interval above 0 is a gain the prompts' noise does not explain).</p>",
             _html_table(gain),
         ]
+    prior = prior_by_task(lake, name)
+    if not prior.is_empty() and (prior["round"].drop_nulls().max() or 0) > 0:
+        parts += [
+            "<h3>Above the answer prior</h3>",
+            "<p>constant_answer is what always answering a task's commonest reference scores "
+            "(ca_low, ca_high its 95 % interval); non_modal_* is pass@1 on the prompts whose "
+            "reference is another answer, and its paired gain over the base model (nm_low, "
+            "nm_high): a gain there is a skill, not a prior learnt.</p>",
+            _html_table(prior.with_columns(cs.float().round(3))),
+        ]
     return parts
+
+
+def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
+    """Per round and task: the curriculum level (plotted when an environment generated
+    the prompts), the prompts always and never solved, the share in between."""
+    from thresher.evaluators.report import task_frontier_by_round
+
+    table = task_frontier_by_round(lake, name)
+    if table.is_empty() or table["task"].n_unique() < 2 and table["level"].is_null().all():
+        (out / "levels.png").unlink(missing_ok=True)
+        return []
+    parts = [
+        "<h2>Frontier</h2>",
+        "<p>Per round and task: prompts its model always solved (over k) and never solved "
+        "carry no training signal and are kept out of training; in_band is the share "
+        "between. level is the curriculum level the round's prompts were generated at.</p>",
+    ]
+    if not table["level"].is_null().all():
+        fig = _figure()
+        ax = fig.add_subplot()
+        for task in table["task"].unique(maintain_order=True).to_list():
+            rows = table.filter(pl.col("task") == task)
+            ax.step(rows["round"].to_list(), rows["level"].to_list(), where="mid",
+                    marker="o", label=task)  # fmt: skip
+        ax.set_ylabel("curriculum level")
+        ax.set_title("Each task's level per round")
+        parts.append(_rounds_picture(fig, ax, table, out / "levels.png", "Curriculum levels"))
+    return [*parts, _html_table(table)]
+
+
+def _rounds_picture(fig, ax, table: pl.DataFrame, path: Path, alt: str) -> str:
+    """Finish a per-round plot with one line per task (rounds on x, the legend outside),
+    save it to `path` and return it as an <img> embedded in the page."""
+    _round_axis(ax, sorted(set(table["round"].to_list())))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.savefig(path)
+    picture = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{alt}" src="data:image/png;base64,{picture}">'
+
+
+def _answers_section(lake: Lake, name: str | None, out: Path) -> list[str]:
+    """Per round and task: the top final answer's share among kept candidates against its
+    share of the references (a collapse onto one answer shows as the gap)."""
+    from thresher.evaluators.report import task_answers_by_round
+
+    table = task_answers_by_round(lake, name)
+    if table.is_empty() or "kept_top_share" not in table.columns:
+        (out / "answers.png").unlink(missing_ok=True)
+        return []
+    fig = _figure()
+    ax = fig.add_subplot()
+    for i, task in enumerate(table["task"].unique(maintain_order=True).to_list()):
+        rows = table.filter(pl.col("task") == task)
+        color = f"C{i % 10}"
+        ax.plot(rows["round"].to_list(), rows["kept_top_share"].to_list(), marker="o",
+                color=color, label=f"{task}: kept")  # fmt: skip
+        if "reference_top_share" in rows.columns:
+            ax.plot(rows["round"].to_list(), rows["reference_top_share"].to_list(),
+                    linestyle="--", color=color, label=f"{task}: references")  # fmt: skip
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of the top final answer")
+    ax.set_title("Top answer per task: kept candidates against references")
+    picture = _rounds_picture(fig, ax, table, out / "answers.png", "Top answer share per task")
+    return [
+        "<h2>Answer prior per task</h2>",
+        "<p>The top final answer's share among each task's kept candidates (solid) and "
+        "among its references (dashed); answer_excess is the gap for the kept top answer "
+        "(<code>select.answer_balance</code> bounds it, the monitors gate "
+        "<code>max_answer_excess</code> stops on it).</p>",
+        picture,
+        _html_table(table),
+    ]
 
 
 def _mix_section(lake: Lake, name: str | None) -> list[str]:
@@ -625,6 +710,8 @@ def _page(
         _html_table(table),
         *best_lines,
         *_task_section(lake, name, out),
+        *_frontier_section(lake, name, out),
+        *_answers_section(lake, name, out),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',

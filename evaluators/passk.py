@@ -48,7 +48,8 @@ def pass_counts(
                     FROM candidates c JOIN cands USING (candidate_id)
                     LEFT JOIN {verdicts} v ON v.candidate_id = c.candidate_id
                     GROUP BY ALL)
-                SELECT p.prompt_id, p.task, count(*) AS n, count(*) FILTER (WHERE passed) AS c
+                SELECT p.prompt_id, p.task, p.answer AS reference, count(*) AS n,
+                       count(*) FILTER (WHERE passed) AS c
                 FROM per_candidate JOIN prompts p USING (prompt_id)
                 GROUP BY ALL ORDER BY p.prompt_id"""
         ).pl()
@@ -72,6 +73,52 @@ def pass_at_ks(counts: pl.DataFrame, ks: list[int]) -> list[dict]:
     return out
 
 
+def prior_metrics(counts: pl.DataFrame) -> list[dict]:
+    """Per task and overall ("all"): `constant-answer`, the share of prompts whose reference
+    is the task's commonest answer (what always guessing it scores), and `pass@1 non-modal`,
+    pass@1 on the other prompts (a gain there is not a prior learnt)."""
+    from collections import Counter
+
+    from thresher.answers import answer_key
+
+    rows = [r for r in counts.to_dicts() if r["n"] >= 1 and r.get("reference") is not None]
+    modal: dict[str, str] = {}
+    for task in {r["task"] for r in rows}:
+        keys = Counter(answer_key(r["reference"]) for r in rows if r["task"] == task)
+        modal[task] = min(keys, key=lambda k: (-keys[k], k))  # ties: the first in order
+    out = []
+    for task in ["all", *sorted(modal)]:
+        part = [r for r in rows if task == "all" or r["task"] == task]
+        if not part:
+            continue
+        hits = [answer_key(r["reference"]) == modal[r["task"]] for r in part]
+        out.append(
+            {"task": task, "metric": "constant-answer", "value": sum(hits) / len(part),
+             "prompts": len(part)}
+        )  # fmt: skip
+        other = [r for r, hit in zip(part, hits, strict=True) if not hit]
+        if other:
+            value = sum(r["c"] / r["n"] for r in other) / len(other)
+            out.append(
+                {"task": task, "metric": "pass@1 non-modal", "value": value,
+                 "prompts": len(other)}
+            )  # fmt: skip
+    return out
+
+
+def protocol_rules(cfg: EvalConfig) -> dict[str, str | None]:
+    """metric suffix -> rule: the configured rule (""), and where `answer_format` is among
+    the verifiers and no rule is set, the lenient reading without it (" lenient") and the
+    format alone (" format": recorded as `format`, the share of answers in the asked
+    format)."""
+    names = cfg.verify.all_names()
+    rules: dict[str, str | None] = {"": cfg.verify.rule}
+    if cfg.verify.rule is None and "answer_format" in names and len(names) > 1:
+        rules[" lenient"] = " and ".join(n for n in names if n != "answer_format")
+        rules[" format"] = "answer_format"
+    return rules
+
+
 def record_pass_at_ks(
     lake: Lake,
     candidate_ids: list[str],
@@ -84,7 +131,15 @@ def record_pass_at_ks(
     the verdicts `digests` name, written to `evals`; returns the metrics."""
     from thresher.stores.tables import write_evals
 
-    metrics = pass_at_ks(pass_counts(lake, candidate_ids, cfg.verify.rule, digests), cfg.ks)
+    metrics = []
+    for suffix, rule in protocol_rules(cfg).items():
+        counts = pass_counts(lake, candidate_ids, rule, digests)
+        if suffix == " format":
+            metrics += [{**m, "metric": "format"} for m in pass_at_ks(counts, [1])]
+            continue
+        metrics += [{**m, "metric": m["metric"] + suffix} for m in pass_at_ks(counts, cfg.ks)]
+        if suffix == "":
+            metrics += prior_metrics(counts)
     write_evals(
         lake,
         metrics,

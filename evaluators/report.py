@@ -160,6 +160,43 @@ def difficulty_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     return lake.query(f"{cte} {DIFFICULTY_BY_ROUND_SQL.format(difficulty='difficulty')}", params)
 
 
+def task_frontier_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round and task: the curriculum level its prompts were generated at (null
+    for a fixed dataset), prompts sampled, those always and never solved (kept out of
+    training by the frontier filter: `select.max_pass_rate` and the rule), the share in
+    between (`in_band`), and its unhinted pass rate."""
+    cte, params = _prompt_difficulty(name)
+    return lake.query(
+        f"""{cte}
+        SELECT d.round, p.task, max(json_extract(p.meta, '$.level')::INT) AS level,
+               count(*) AS prompts,
+               count(*) FILTER (WHERE d.kind = 'all_pass') AS always,
+               count(*) FILTER (WHERE d.kind = 'all_fail') AS never,
+               round(avg((d.kind = 'mixed')::INT), 4) AS in_band,
+               round(sum(d.passed) / sum(d.candidates), 4) AS pass_rate
+        FROM difficulty d JOIN prompts p USING (prompt_id)
+        GROUP BY ALL ORDER BY d.round, p.task""",
+        params,
+    )
+
+
+def task_answers_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round and task (view `task_monitors`): the top final answer's share among
+    the model's answers, the kept ones and the references, the kept top answer, its excess
+    over its reference share, and the distinct answers."""
+    where, params = ("WHERE pipeline = ?", [name]) if name is not None else ("", [])
+    long = lake.query(f"SELECT * FROM task_monitors {where}", params)
+    if long.is_empty():
+        return pl.DataFrame(schema={"round": pl.Int64, "task": pl.String})
+    wide = long.pivot(
+        on="monitor", index=["round", "task"], values="value", aggregate_function="max"
+    )
+    top = long.filter(pl.col("monitor") == "kept_top_share").select(
+        "round", "task", kept_top=pl.col("detail")
+    )
+    return wide.join(top, on=["round", "task"], how="left").sort("round", "task")
+
+
 def tokens_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Tokens of each curated candidate (round, n_tokens, kept); unknown counts are skipped."""
     cte, params = _selections(name)
@@ -329,8 +366,11 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
             )
         )
     if not frames:
-        return pl.DataFrame(schema={"round": pl.Int64, "prompt_id": pl.String, "task": pl.String})
-    return pl.concat(frames).select("round", "prompt_id", "task", "n", "c", "rate")
+        return pl.DataFrame(
+            schema={"round": pl.Int64, "prompt_id": pl.String, "task": pl.String,
+                    "reference": pl.String}
+        )  # fmt: skip
+    return pl.concat(frames).select("round", "prompt_id", "task", "reference", "n", "c", "rate")
 
 
 def eval_candidate_ids(lake: Lake, cfg: EvalConfig) -> list[str]:
@@ -376,7 +416,10 @@ def gain_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFra
     """Round `round_`'s model (default: the last evaluated) against the base model (round
     0) on the prompts both saw: mean per-prompt pass@1 difference per task (and "all"),
     with its 95 % interval (paired over prompts)."""
-    rates = eval_prompt_rates(lake, name)
+    return _paired_gain(eval_prompt_rates(lake, name), round_)
+
+
+def _paired_gain(rates: pl.DataFrame, round_: int | None = None) -> pl.DataFrame:
     if rates.is_empty() or rates["round"].min() != 0:
         return pl.DataFrame(schema={"task": pl.String})
     last = rates["round"].max() if round_ is None else round_
@@ -397,6 +440,59 @@ def gain_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFra
         .drop("sd")
         .sort(pl.col("task") != "all", "task")
         .select("task", "round", "prompts", "base", "after", "gain", "low", "high")
+    )
+
+
+def modal_flags(rates: pl.DataFrame) -> pl.DataFrame:
+    """`rates` with `modal`: the prompt's reference is its task's commonest answer (as
+    `thresher.answers.answer_key` spells answers; ties go to the first in order)."""
+    from thresher.answers import answer_key
+
+    keyed = rates.with_columns(
+        key=pl.col("reference").map_elements(answer_key, return_dtype=pl.String)
+    )
+    prompts = keyed.unique("prompt_id").filter(pl.col("key").is_not_null())
+    counts = prompts.group_by("task", "key").agg(k=pl.len()).sort("task", -pl.col("k"), "key")
+    modal = counts.unique("task", keep="first").select("task", modal_key="key")
+    return keyed.join(modal, on="task", how="left").with_columns(
+        modal=(pl.col("key") == pl.col("modal_key")).fill_null(False)
+    )
+
+
+def prior_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFrame:
+    """Gains above the answer prior, per task (and "all"): the constant-answer baseline
+    (share of held-out prompts whose reference is the task's commonest answer, with its
+    Wilson 95 % interval), pass@1 and its paired gain over the base model, and the same on
+    the prompts whose reference is not the commonest (`non_modal_*`)."""
+    from thresher.intervals import wilson_interval
+
+    rates = eval_prompt_rates(lake, name)
+    if rates.is_empty() or rates["round"].min() != 0:
+        return pl.DataFrame(schema={"task": pl.String})
+    flagged = modal_flags(rates)
+    base = flagged.filter(pl.col("round") == 0)
+    shares = _with_all(base).group_by("task").agg(prompts=pl.len(), hits=pl.col("modal").sum())
+    bounds = [wilson_interval(int(h), int(n)) for h, n in shares.select("hits", "prompts").rows()]
+    shares = shares.with_columns(
+        constant_answer=pl.col("hits") / pl.col("prompts"),
+        ca_low=pl.Series([b[0] for b in bounds]),
+        ca_high=pl.Series([b[1] for b in bounds]),
+    ).drop("hits")
+    every = _paired_gain(rates, round_).drop("prompts")
+    other = _paired_gain(flagged.filter(~pl.col("modal")).drop("key", "modal_key", "modal"), round_)
+    other = other.select(
+        "task",
+        non_modal_prompts="prompts",
+        non_modal_base="base",
+        non_modal_after="after",
+        non_modal_gain="gain",
+        nm_low="low",
+        nm_high="high",
+    )
+    return (
+        shares.join(every, on="task", how="left")
+        .join(other, on="task", how="left")
+        .sort(pl.col("task") != "all", "task")
     )
 
 
