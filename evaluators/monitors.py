@@ -13,7 +13,11 @@ signal, measured on a pipeline's current selection of the round and its candidat
 - headroom: pass@k - pass@1 (largest k) of the round's sampling model on held-out prompts
   (the evaluation of its candidates' model: model r, or the best model a rollback chose),
   when it was evaluated;
-- mixed_share: prompts solved sometimes but not always (`prompt_difficulty`'s `mixed`).
+- mixed_share: prompts solved sometimes but not always (`prompt_difficulty`'s `mixed`);
+- answer_excess: per task, the kept candidates' top final answer's share less that answer's
+  share of the task's references, the largest over tasks (detail: task and answer); each
+  task's own figures (`task_answer_monitors`) are rows `task:<task>:<monitor>` (view
+  `task_monitors`).
 
 Answers, similarity, sentences and the mixed share are measured on unhinted candidates
 (what the model samples on its own), lengths on every candidate. `record_monitors`
@@ -49,6 +53,7 @@ GATES = {
     "max_hinted_share": ("hinted_share", "max"),
     "min_headroom": ("headroom", "min"),
     "min_mixed_share": ("mixed_share", "min"),
+    "max_answer_excess": ("answer_excess", "max"),
 }
 
 
@@ -65,8 +70,99 @@ def record_monitors(lake: Lake, name: str | None, round_: int, run_id: str | Non
 
     monitors, eval_run_id = _measure(lake, name, round_)
     if monitors:
-        write_monitors(lake, monitor_rows(monitors, name, round_, eval_run_id), run_id)
+        rows = monitor_rows(monitors, name, round_, eval_run_id)
+        sid = monitors["selection_id"]
+        rows += task_monitor_rows(_task_answers(lake, sid), sid, name, round_)
+        write_monitors(lake, rows, run_id)
     return monitors
+
+
+def task_monitor_rows(
+    table: pl.DataFrame, selection_id: str, name: str | None, round_: int
+) -> list[dict]:
+    """`monitors` rows of the per-task answer monitors (metric task:<task>:<monitor>)."""
+    rows = []
+    for r in table.iter_rows(named=True):
+        for which in ("model", "kept", "reference"):
+            if r[f"{which}_top_share"] is not None:
+                rows.append((r["task"], f"{which}_top_share", r[f"{which}_top_share"],
+                             r[f"{which}_top"]))  # fmt: skip
+        rows.append((r["task"], "distinct_answers", r["distinct_answers"], None))
+        if r["excess"] is not None:
+            rows.append((r["task"], "answer_excess", r["excess"], r["kept_top"]))
+    return [
+        {
+            "selection_id": selection_id,
+            "pipeline": name,
+            "round": round_,
+            "metric": f"task:{task}:{monitor}",
+            "value": float(value),
+            "detail": detail,
+            "eval_run_id": None,
+        }
+        for task, monitor, value, detail in rows
+    ]
+
+
+def task_answer_monitors(answers: pl.DataFrame) -> pl.DataFrame:
+    """Per task of a selection's unhinted candidates (prompt_id, task, kept, answer,
+    reference): the top final answer and its share among the model's answers, the kept
+    ones and the references (one per prompt), the distinct answers, and `excess`, the
+    kept top answer's share less its share of the references."""
+    from thresher.answers import answer_key
+
+    def top(keys: list[str | None]) -> tuple[str | None, float | None, Counter]:
+        counts = Counter(k for k in keys if k is not None)
+        if not counts:
+            return None, None, counts
+        key, n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return key, round(n / sum(counts.values()), 4), counts
+
+    out = []
+    for task in sorted(answers["task"].fill_null("").unique().to_list()):
+        part = answers.filter(pl.col("task").fill_null("") == task)
+        said = [answer_key(a) for a in part["answer"].to_list()]
+        kept = [k for k, keep in zip(said, part["kept"].to_list(), strict=True) if keep]
+        refs = [answer_key(a) for a in part.unique("prompt_id")["reference"].to_list()]
+        model_top, model_share, counts = top(said)
+        kept_top, kept_share, _ = top(kept)
+        ref_top, ref_share, ref_counts = top(refs)
+        excess = None
+        if kept_top is not None and ref_counts:
+            excess = round(kept_share - ref_counts[kept_top] / sum(ref_counts.values()), 4)
+        out.append(
+            {
+                "task": task,
+                "model_top": model_top,
+                "model_top_share": model_share,
+                "kept_top": kept_top,
+                "kept_top_share": kept_share,
+                "reference_top": ref_top,
+                "reference_top_share": ref_share,
+                "distinct_answers": len(counts),
+                "excess": excess,
+            }
+        )
+    return pl.DataFrame(out, schema=TASK_ANSWER_SCHEMA)
+
+
+TASK_ANSWER_SCHEMA = {
+    "task": pl.String,
+    "model_top": pl.String,
+    "model_top_share": pl.Float64,
+    "kept_top": pl.String,
+    "kept_top_share": pl.Float64,
+    "reference_top": pl.String,
+    "reference_top_share": pl.Float64,
+    "distinct_answers": pl.Int64,
+    "excess": pl.Float64,
+}
+
+
+def _task_answers(lake: Lake, selection_id: str) -> pl.DataFrame:
+    from thresher.stores.queries import selection_answers
+
+    return task_answer_monitors(selection_answers(lake, selection_id))
 
 
 def monitor_rows(
@@ -138,6 +234,8 @@ def _measure(lake: Lake, name: str | None, round_: int) -> tuple[dict[str, Any],
     sampled_with = unhinted["model"].drop_nulls().mode().sort()  # the round's sampling model
     model = sampled_with[0] if len(sampled_with) else None
     headroom, headroom_metric, eval_run_id = _headroom(lake, name, round_, model)
+    tasks = _task_answers(lake, selection_id).filter(pl.col("excess").is_not_null())
+    worst = tasks.sort("excess", "task", descending=[True, False]).head(1)
     measured = {
         "selection_id": selection_id,
         "prompts": rows["prompt_id"].n_unique(),
@@ -149,6 +247,10 @@ def _measure(lake: Lake, name: str | None, round_: int) -> tuple[dict[str, Any],
         "headroom": headroom,
         "headroom_metric": headroom_metric,
         "mixed_share": _mixed_share(unhinted),
+        "answer_excess": worst["excess"][0] if worst.height else None,
+        "answer_excess_at": (
+            f"{worst['task'][0]}: {worst['kept_top'][0]}" if worst.height else None
+        ),
     }
     columns = ["selection_id", *(column for column, _, _ in ROUND_MONITOR_COLUMNS)]
     return {c: measured.get(c) for c in columns}, eval_run_id

@@ -7,9 +7,10 @@ For each candidate of a batch, in this order: `failed` (the rule does not hold),
 (its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>` (its prompt
 or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised text, or a
 MinHash near-duplicate, of a candidate kept before it), `capped` (over the per-prompt cap
-under the chosen policy), `hint_share` (a hinted candidate over the batch's share of
-hinted data); otherwise kept. One `selections` row each, written through the store; the
-decisions themselves read nothing but the rows they are given.
+under the chosen policy), `answer_share:<answer>` (its task keeps more of this final answer
+than the references hold, `answer_balance`), `hint_share` (a hinted candidate over the
+batch's share of hinted data); otherwise kept. One `selections` row each, written through
+the store; the decisions themselves read nothing but the rows they are given.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def decide(
     eval_index: Any = None,
     max_hinted_share: float | None = None,
     kill_rates: dict[str, float | None] | None = None,
+    reference_shares: dict[str, dict[str, float]] | None = None,
 ) -> None:
     """Set `reason` (None = kept) on each row dict of one batch, in place.
 
@@ -61,7 +63,9 @@ def decide(
     `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
     for near-duplicate checks across prompts; `eval_index` (a decontam.EvalIndex) finds
     overlaps with evaluation items; `max_hinted_share` caps the hinted share of what is
-    kept; `kill_rates` (prompt -> its tests' kill rate) decide `min_test_strength`.
+    kept; `kill_rates` (prompt -> its tests' kill rate) decide `min_test_strength`;
+    `reference_shares` (task -> answer key -> share of the round's references) bound what
+    `answer_balance` keeps of each answer.
     """
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
@@ -136,6 +140,12 @@ def decide(
         for r in _rank(alive, spec)[spec.cap :]:
             r["reason"] = DropReason.capped.value
 
+    if spec.answer_balance is not None:
+        for task in sorted({r.get("task") or "" for r in rows}):
+            part = [r for r in rows if (r.get("task") or "") == task]
+            shares = (reference_shares or {}).get(task, {})
+            balance_answers(part, shares, spec.answer_balance)
+
     if max_hinted_share is not None and max_hinted_share < 1:
         kept = [r for r in rows if r["reason"] is None]
         hinted = [r for r in kept if r["hinted"]]
@@ -143,6 +153,61 @@ def decide(
         allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
         for r in hinted[allowed:]:
             r["reason"] = DropReason.hint_share.value
+
+
+def balance_answers(rows: list[dict], shares: dict[str, float], margin: float) -> None:
+    """Drop kept rows of one task (reason `answer_share:<answer>`) until no final answer's
+    share of what is kept exceeds its share in `shares` plus `margin` (one of each answer
+    always stays); rows of the prompts with most kept rows go first, the last sampled of
+    them first."""
+    from collections import Counter
+
+    from thresher.answers import answer_key
+
+    kept = [r for r in rows if r["reason"] is None]
+    keys = {id(r): answer_key(r.get("answer")) for r in kept}
+    changed = True
+    while changed:
+        changed = False
+        kept = [r for r in kept if r["reason"] is None]
+        counts = Counter(k for k in (keys[id(r)] for r in kept) if k is not None)
+        for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            limit = shares.get(key, 0.0) + margin
+            if limit >= 1 or n <= limit * len(kept) + 1e-9:
+                continue
+            # n' <= limit * (len(kept) - n + n')  =>  n' <= limit * (len(kept) - n) / (1 - limit);
+            # one of each answer always stays (on a handful kept, any answer is over its share,
+            # and dropping rare answers would only hand the share back to the common one)
+            allowed = max(1, int(limit * (len(kept) - n) / (1 - limit) + 1e-9))
+            if n <= allowed:
+                continue
+            per_prompt = Counter(r["prompt_id"] for r in kept)
+            these = [r for r in kept if keys[id(r)] == key]
+            these.sort(key=lambda r: (-per_prompt[r["prompt_id"]], -r["sample_idx"]))
+            for r in these[: n - allowed]:
+                r["reason"] = DropReason.answer_share.of(key[:60])
+                per_prompt[r["prompt_id"]] -= 1
+            changed = True
+            break  # the kept total changed: measure every answer again
+
+
+def reference_shares(
+    references: list[tuple[str | None, str | None]],
+) -> dict[str, dict[str, float]]:
+    """task -> answer key -> its share of the task's references, from (task, reference)."""
+    from collections import Counter, defaultdict
+
+    from thresher.answers import answer_key
+
+    per_task: dict[str, Counter] = defaultdict(Counter)
+    for task, reference in references:
+        key = answer_key(reference)
+        if key is not None:
+            per_task[task or ""][key] += 1
+    return {
+        task: {k: n / sum(counts.values()) for k, n in counts.items()}
+        for task, counts in per_task.items()
+    }
 
 
 def _rank(alive: list[dict], spec: SelectConfig) -> list[dict]:
@@ -196,7 +261,13 @@ def select_batch(
 
         prompts = sorted({r["prompt_id"] for r in rows})
         kill_rates = prompt_kill_rates(lake, prompts, plan.tests_suite)
-    decide(rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates)
+    shares = None
+    if settings.answer_balance is not None and rows:
+        from thresher.stores.queries import reference_answers
+
+        refs = reference_answers(lake, sorted({r["prompt_id"] for r in rows}))
+        shares = reference_shares(list(zip(refs["task"], refs["reference"], strict=True)))
+    decide(rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates, shares)
     return write_selections(lake, plan.selection_id, plan.round, rows, plan.run_id)
 
 

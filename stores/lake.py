@@ -123,6 +123,7 @@ FUNNEL_COUNTS_SQL = f"""
                count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
                count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
                count(*) FILTER (WHERE {DropReason.hint_share.sql()}) AS hint_share,
+               count(*) FILTER (WHERE {DropReason.answer_share.sql()}) AS answer_share,
                count(*) FILTER (WHERE s.kept) AS kept"""
 ROUND_FUNNEL_SQL = f"""
         SELECT s.round, count(*) AS sampled,
@@ -224,6 +225,8 @@ ROUND_MONITOR_COLUMNS = (
     ("headroom", "headroom", "value"),
     ("headroom_metric", "headroom", "detail"),
     ("mixed_share", "mixed_share", "value"),
+    ("answer_excess", "answer_excess", "value"),
+    ("answer_excess_at", "answer_excess", "detail"),
 )
 _SHOWN = {"count": "({})::BIGINT", "value": "{}", "detail": "{}"}
 _MONITOR_COLUMNS_SQL = ",\n               ".join(
@@ -321,6 +324,17 @@ DERIVED_VIEWS = {
     # Per pipeline and curated round: its monitors (distinct answers, similarity, repeated
     # openings and closings, kept-versus-all length, hinted share, headroom, mixed share).
     "round_monitors": ROUND_MONITORS_SQL,
+    # Per pipeline, curated round and task: the top final answer's share among the model's
+    # answers, the kept ones and the references, and the distinct answers (monitors rows
+    # named task:<task>:<monitor>).
+    "task_monitors": """
+        SELECT DISTINCT cs.pipeline, m.round, split_part(m.metric, ':', 2) AS task,
+               split_part(m.metric, ':', 3) AS monitor, m.value, m.detail
+        FROM monitors m
+        JOIN (SELECT DISTINCT pipeline, round, coalesce(selection_id, run_id) AS selection_id
+              FROM current_selections) cs USING (selection_id, round)
+        WHERE m.metric LIKE 'task:%'
+        ORDER BY cs.pipeline, m.round, task, monitor""",
     # Each prompt's latest test-strength audit, per suite; the weak ones (a reference that
     # fails its tests, or a kill rate under 0.8); and per dataset and suite, the spread.
     "prompt_strength": """

@@ -230,6 +230,7 @@ SELECTION_INPUTS_SQL = """
 SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
        cand.finish_reason, coalesce(cand.hinted, false) AS hinted,
        p.prompt, p.messages, p.tests IS NOT NULL AS has_tests,
+       p.task, p.answer AS reference, max(v.answer) AS answer,
        {passed} AS passed,
        coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
            AS score
@@ -261,6 +262,58 @@ def selection_inputs(
         return con.sql(sql, params={"ranking": list(ranking or [])}).pl().to_dicts()
     finally:
         con.close()
+
+
+def reference_answers(lake: Lake, prompt_ids: list[str]) -> pl.DataFrame:
+    """(task, reference) of every prompt in the dataset splits these prompts come from: the
+    round's references, whose answer shares `answer_balance` holds kept answers to."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "ids", "prompt_id", prompt_ids)
+        return con.sql(
+            """SELECT p.task, p.answer AS reference FROM prompts p
+               WHERE (p.dataset, p.split) IN (SELECT DISTINCT q.dataset, q.split
+                                              FROM prompts q JOIN ids USING (prompt_id))"""
+        ).pl()
+    finally:
+        con.close()
+
+
+def held_out_questions(lake: Lake) -> set[str]:
+    """Every eval and test prompt's text, and its environment question where it has one,
+    with case and spacing folded: what generated training prompts must never be."""
+    rows = lake.query(
+        """SELECT prompt, messages, json_extract_string(meta, '$.entry.question') AS question
+           FROM prompts WHERE split IN ('eval', 'test')"""
+    )
+    out = set()
+    for column in ("prompt", "messages", "question"):
+        out |= {" ".join(t.split()).lower() for t in rows[column].drop_nulls().to_list()}
+    return out
+
+
+def task_pass_rates(lake: Lake, pipeline: str, round_: int) -> dict[str, tuple[int, int]]:
+    """task -> (passing, sampled) unhinted candidates of a pipeline's current selection of
+    a round (passing: the rule held)."""
+    rows = lake.query(
+        f"""SELECT p.task, count(*) FILTER (WHERE {PASSED_SQL}) AS passed, count(*) AS n
+            FROM current_selections s JOIN candidates c USING (candidate_id)
+            JOIN prompts p ON p.prompt_id = s.prompt_id
+            WHERE s.pipeline = ? AND s.round = ? AND NOT coalesce(c.hinted, false)
+            GROUP BY p.task""",
+        [pipeline, round_],
+    )
+    return {r["task"]: (r["passed"], r["n"]) for r in rows.iter_rows(named=True)}
+
+
+def env_levels(lake: Lake, dataset: str) -> dict[str, int]:
+    """task -> the curriculum level its prompts in `dataset` were generated at."""
+    rows = lake.query(
+        """SELECT task, max(json_extract(meta, '$.level')::INT) AS level FROM prompts
+           WHERE dataset = ? AND json_extract(meta, '$.level') IS NOT NULL GROUP BY task""",
+        [dataset],
+    )
+    return {r["task"]: r["level"] for r in rows.iter_rows(named=True)}
 
 
 def selected_count(lake: Lake, selection_id: str, candidate_ids: list[str]) -> int:
@@ -412,6 +465,20 @@ def selection_outcomes(lake: Lake, selection_id: str) -> pl.DataFrame:
                    coalesce(c.hinted, false) AS hinted, c.n_tokens, c.model
             FROM selections s JOIN candidates c USING (candidate_id)
             WHERE {_OF_SELECTION}""",
+        {"sid": selection_id},
+    )
+
+
+def selection_answers(lake: Lake, selection_id: str) -> pl.DataFrame:
+    """Each unhinted candidate of a selection: prompt_id, task, kept, its final answer (as
+    an answer-reading verifier read it; null: none) and the prompt's reference."""
+    return lake.query(
+        f"""SELECT s.prompt_id, p.task, s.kept, p.answer AS reference,
+                   (SELECT max(v.answer) FROM verdicts v
+                    WHERE v.candidate_id = s.candidate_id) AS answer
+            FROM selections s JOIN candidates c USING (candidate_id)
+            JOIN prompts p ON p.prompt_id = s.prompt_id
+            WHERE {_OF_SELECTION} AND NOT coalesce(c.hinted, false)""",
         {"sid": selection_id},
     )
 

@@ -63,6 +63,9 @@ EXPECTED = {
     "headroom": 0.5,
     "headroom_metric": "pass@4",
     "mixed_share": round(2 / 3, 4),
+    # no prompt rows and no verdicts with answers here: tests/test_answer_prior.py counts these
+    "answer_excess": None,
+    "answer_excess_at": None,
 }
 
 
@@ -160,7 +163,8 @@ def test_recorded_once_and_the_view_has_a_column_per_monitor(curated):
     recorded = record_monitors(curated, "x", 0, "curate-s-x0")
     assert recorded == {"selection_id": "s-x0", **EXPECTED}
     rows = curated.count("monitors")
-    assert rows == len(EXPECTED) - 3  # the sentences and headroom's pass@k are details
+    # the sentences and headroom's pass@k are details; the answer excess is unmeasured
+    assert rows == len(EXPECTED) - 5
     assert record_monitors(curated, "x", 0, "curate-s-x0") == recorded
     assert curated.count("monitors") == rows  # a re-run adds nothing
     view = curated.query("SELECT * FROM round_monitors")

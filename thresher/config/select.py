@@ -74,6 +74,15 @@ class SelectConfig(_Strict):
         None, ge=0, le=1, description="drop prompts solved more often than this (too easy)"
     )
     decontaminate: DecontamConfig = Field(default_factory=DecontamConfig)
+    answer_balance: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="within each task, the kept share of one final answer stays within this "
+        "margin of that answer's share among the round's references; the excess is dropped "
+        "as `answer_share` (a loop that keeps more '1's than the references hold learns a "
+        "prior, not a skill)",
+    )
     min_test_strength: float | None = Field(
         None,
         ge=0,
