@@ -66,16 +66,20 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
             base_also = evaluate_base(cfg, lake_root, state, progress)
             while (r := state.next_round()) is not None:
                 source = sampling_model(state, r)
+                notes = prepare_round(lake, cfg, state, r, source)
+                restate = notes.get("restated", False)
                 curated = CurateSummary.model_validate(
                     flow_object("curate")(
-                        cfg.curate_config(r, model_path(lake, cfg, source)), lake_root, progress
+                        cfg.curate_config(r, model_path(lake, cfg, source), restate),
+                        lake_root,
+                        progress,
                     )
                 )
                 _say(curated.line(r))
                 before_training(lake, cfg, r, curated)
                 stop_engine()  # training wants the device, its memory and the cores
                 trained = TrainSummary.model_validate(
-                    flow_object("train")(cfg.train_config(r), lake_root, progress)
+                    flow_object("train")(cfg.train_config(r, restate), lake_root, progress)
                 )
                 if trained.already_trained:
                     _say(f"round {r}: model {r + 1} already trained ({trained.model_dir})")
@@ -84,7 +88,7 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
                     flow_object("evaluate")(cfg.eval_config(r + 1, model), lake_root, progress)
                 )
                 also = forgetting_checks(cfg, lake_root, r + 1, model, base_also, progress)
-                gain = state.record(source, curated, trained, evaluated, also)
+                gain = state.record(source, curated, trained, evaluated, also, notes)
                 _say(f"model {r + 1}: {evaluated.line()} (gain {gain:+.3f})")
                 # kept current every round, so a run a gate stops still points at its best
                 write_best_pointer(lake, cfg, state.best_round)
@@ -112,6 +116,36 @@ def sampling_model(state: Rounds, round_: int) -> int:
             f"model {source}'s {state.pass1[source]:.3f}): sampling with model {source}"
         )
     return source
+
+
+def prepare_round(
+    lake: Lake, cfg: BootstrapConfig, state: Rounds, round_: int, source: int
+) -> dict[str, Any]:
+    """What round `round_` needs before it samples: its generated prompts (an environment,
+    each task at its curriculum level) and whether it restates answers outside the asked
+    format (the sampling model's held-out format share under `format.min_compliance`)."""
+    notes: dict[str, Any] = {}
+    if cfg.format is not None:
+        share = state.overall(source, "format")
+        notes["restated"] = cfg.restates(share)
+        if notes["restated"]:
+            shown = "unmeasured" if share is None else f"{share:.3f}"
+            _say(
+                f"round {round_}: model {source} answers in the asked format "
+                f"{shown} of the time (< {cfg.format.min_compliance:g}): correct answers "
+                "outside it are kept and restated in it"
+            )
+    if cfg.environment is not None:
+        from thresher.ingest.envs import generate_round
+
+        levels = generate_round(lake, cfg.environment, cfg.prompts.dataset, cfg.name, round_)
+        for task, plan in levels.items():
+            _say(
+                f"round {round_}: {task} level {plan['level']} of {plan['levels'] - 1} "
+                f"({plan['why']}), {plan['generated']} prompts"
+            )
+        notes["levels"] = {t: p["level"] for t, p in levels.items()}
+    return notes
 
 
 def before_round_zero(lake: Lake, cfg: BootstrapConfig) -> None:

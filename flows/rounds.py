@@ -64,6 +64,7 @@ class Rounds:
         trained: TrainSummary,
         evaluated: EvalSummary,
         also: list[dict] | None = None,
+        notes: dict[str, Any] | None = None,
     ) -> float:
         """Round r (sampled with model `source`) curated, trained model r+1 and evaluated
         it; returns its gain over the best earlier model."""
@@ -77,6 +78,7 @@ class Rounds:
                 "curate": curated.brief(),
                 "train": trained.brief(),
                 "monitors": curated.monitors,
+                **(notes or {}),
             }
         )
         entry = {"round": r + 1, "metrics": evaluated.metric_rows()}
@@ -88,6 +90,13 @@ class Rounds:
         if self.stale >= self.patience:
             self.stopped = f"pass@1 gained less than {self.min_gain} for {self.stale} round(s)"
         return gain
+
+    def overall(self, model: int, metric: str) -> float | None:
+        """Model `model`'s overall held-out `metric` (None: not measured)."""
+        for m in self.evals[model]["metrics"] if model < len(self.evals) else []:
+            if m["task"] == "all" and m["metric"] == metric:
+                return m["value"]
+        return None
 
     def summary(self) -> dict[str, Any]:
         """The run summary's record of the rounds."""

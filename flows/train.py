@@ -127,6 +127,7 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
             {
                 "run_id": run_id,
                 "rows": len(rows),
+                "restated": sum(bool(r.get("restated")) for r in rows),
                 "rows_digest": rows_digest(rows),
                 "examples": result.examples,
                 "skipped": result.skipped,

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from thresher.config.env import EnvironmentConfig
 from thresher.ingest.load import IngestError, IngestReport, RawRow, ingest_rows
 from thresher.stores.lake import Lake
 
@@ -199,3 +200,89 @@ def ingest_env(
         for i, record in enumerate(generate(spec), start=1)
     )
     return ingest_rows(lake, rows, describe(spec), dataset, split)
+
+
+def round_levels(
+    lake: Lake, env: EnvironmentConfig, dataset: str, pipeline: str, round_: int
+) -> dict[str, dict[str, Any]]:
+    """Each task's level for round `round_`, and why: its start in round 0 (or without a
+    curriculum); else the last round's level, one harder when its pass rate was above the
+    band, one easier below it (a task already at its hardest or easiest level says so)."""
+    from thresher.config.env import round_dataset
+    from thresher.stores.queries import env_levels, task_pass_rates
+
+    plans: dict[str, dict[str, Any]] = {}
+    before = env_levels(lake, round_dataset(dataset, round_ - 1)) if round_ > 0 else {}
+    rates = task_pass_rates(lake, pipeline, round_ - 1) if round_ > 0 and env.curriculum else {}
+    for task, spec in env.tasks.items():
+        level, why = before.get(task, spec.start), "start"
+        top = len(spec.levels) - 1
+        if env.curriculum and task in rates and rates[task][1]:
+            passed, n = rates[task]
+            rate = passed / n
+            band = env.curriculum
+            said = f"pass rate {rate:.3f} in round {round_ - 1}"
+            if rate > band.high:
+                level, why = min(level + 1, top), f"{said} > {band.high:g}: harder"
+                if level == before.get(task, spec.start):
+                    why = f"{said} > {band.high:g}, but it is at its hardest level: out of levels"
+            elif rate < band.low:
+                level, why = max(level - 1, 0), f"{said} < {band.low:g}: easier"
+                if level == before.get(task, spec.start):
+                    why = f"{said} < {band.low:g}, but it is at its easiest level"
+            else:
+                why = f"{said} in the band [{band.low:g}, {band.high:g}]: same level"
+        elif round_ > 0:
+            why = "no curriculum" if not env.curriculum else "not sampled last round"
+        plans[task] = {"level": level, "levels": top + 1, "why": why}
+    return plans
+
+
+def generate_round(
+    lake: Lake, env: EnvironmentConfig, dataset: str, pipeline: str, round_: int
+) -> dict[str, dict[str, Any]]:
+    """Generate and ingest round `round_`'s training prompts into its own dataset: per
+    task `per_round` distinct entries at the task's level, from the round's own seeds,
+    none equal to an eval or test prompt; returns per task its level, why, and counts.
+    Generating a round again ingests nothing new."""
+    from thresher.config.env import SEED_STRIDE, round_dataset
+    from thresher.stores.queries import held_out_questions
+
+    plans = round_levels(lake, env, dataset, pipeline, round_)
+    held_out = held_out_questions(lake)
+    seed = env.seed + round_ * SEED_STRIDE
+    instruction = env.instruction if env.instruction is not None else INSTRUCTION
+    records: list[dict] = []
+    for task, plan in plans.items():
+        config = env.tasks[task].levels[plan["level"]]
+        spec = EnvSpec(
+            tasks={task: TaskSpec(config=config)},
+            size=env.per_round * 2,  # room for repeats and held-out questions
+            seed=seed,
+            instruction=instruction,
+        )
+        seen: set[str] = set()
+        clashes = 0
+        for record in generate(spec):
+            key = " ".join(record["prompt"].split()).lower()
+            question = " ".join(str(record["meta"]["entry"]["question"]).split()).lower()
+            if key in held_out or question in held_out:
+                clashes += 1
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            record["meta"] |= {"level": plan["level"], "round": round_}
+            records.append(record)
+            if len(seen) == env.per_round:
+                break
+        plan |= {"generated": len(seen), "held_out_clashes": clashes, "seed": seed}
+    rows = (
+        RawRow(line=i, raw=json.dumps(r, ensure_ascii=False, default=str), record=r)
+        for i, r in enumerate(records, start=1)
+    )
+    source = f"reasoning-gym round {round_} seed={seed} levels=" + ",".join(
+        f"{t}:{p['level']}" for t, p in plans.items()
+    )
+    ingest_rows(lake, rows, source, round_dataset(dataset, round_), "train")
+    return plans

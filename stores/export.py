@@ -13,7 +13,10 @@ from thresher.stores.schemas import DropReason
 # round); a candidate two pipelines kept is exported once.
 KEPT_SQL = """
 SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS completion,
-       coalesce(c.hinted, false) AS hinted, p.task, p.dataset
+       coalesce(c.hinted, false) AS hinted, p.task, p.dataset,
+       (SELECT max(v.answer) FROM verdicts v WHERE v.candidate_id = c.candidate_id) AS answer,
+       (SELECT bool_and(v.passed) FROM verdicts v
+        WHERE v.candidate_id = c.candidate_id AND v.verifier = 'answer_format') AS in_format
 FROM current_selections s
 JOIN candidates c USING (candidate_id)
 JOIN prompts p ON p.prompt_id = c.prompt_id
@@ -46,23 +49,51 @@ def _kept(lake: Lake, round_: int, all_rounds: bool, name: str | None) -> list[d
 
 
 def sft_rows(
-    lake: Lake, round_: int, all_rounds: bool = False, name: str | None = None
+    lake: Lake,
+    round_: int,
+    all_rounds: bool = False,
+    name: str | None = None,
+    restate_format: str | None = None,
 ) -> list[dict]:
     """SFT rows (messages, prompt, completion, ids) of a round's kept candidates
-    (only those pipeline `name` curated, when given)."""
-    kept = _kept(lake, round_, all_rounds, name)
-    return [
-        {
-            "messages": [*_messages(r), {"role": "assistant", "content": r["completion"]}],
-            "prompt": r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"],
-            "completion": r["completion"],
-            "prompt_id": r["prompt_id"],
-            "candidate_id": r["candidate_id"],
-            "round": r["round"],
-            "hinted": r["hinted"],
-        }
-        for r in kept
-    ]
+    (only those pipeline `name` curated, when given); with `restate_format` (a tag), an
+    answer outside the format its prompt asks for ends with its answer restated in it."""
+    rows = []
+    for r in _kept(lake, round_, all_rounds, name):
+        completion, restated = r["completion"], False
+        if restate_format:
+            completion, restated = restate(r, restate_format)
+        rows.append(
+            {
+                "messages": [*_messages(r), {"role": "assistant", "content": completion}],
+                "prompt": r["prompt"] if r["prompt"] is not None else _messages(r)[-1]["content"],
+                "completion": completion,
+                "prompt_id": r["prompt_id"],
+                "candidate_id": r["candidate_id"],
+                "round": r["round"],
+                "hinted": r["hinted"],
+                **({"restated": restated} if restate_format else {}),
+            }
+        )
+    return rows
+
+
+def restate(row: dict, tag: str) -> tuple[str, bool]:
+    """(completion, restated): the kept answer with `<tag>answer</tag>` on a last line when
+    it is outside the asked format (its `answer_format` verdict failed; without one: its
+    prompt names `<tag>` and it states no non-empty `<tag>...</tag>`) and its verifier read
+    an answer; otherwise the text as it is."""
+    import re
+
+    text = row["completion"] or ""
+    outside = row.get("in_format") is False
+    if row.get("in_format") is None:
+        asked = f"<{tag}>" in ((row.get("prompt") or "") + (row.get("messages") or ""))
+        pairs = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL)
+        outside = asked and not (pairs and pairs[-1].strip())
+    if not outside or not row.get("answer"):
+        return text, False
+    return f"{text.rstrip()}\n<{tag}>{row['answer']}</{tag}>", True
 
 
 def export_round(

@@ -28,7 +28,7 @@ def load_rows(cfg: TrainConfig, lake: Lake) -> list[dict[str, Any]]:
     from thresher.stores.export import sft_rows
 
     round_ = data.round if data.round is not None else cfg.round
-    return sft_rows(lake, round_, data.all_rounds, data.pipeline)
+    return sft_rows(lake, round_, data.all_rounds, data.pipeline, data.restate_format)
 
 
 def train_model(

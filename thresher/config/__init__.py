@@ -10,6 +10,7 @@ from thresher.config.bootstrap import (
     AuditGateConfig,
     BootstrapConfig,
     BootstrapTrainConfig,
+    FormatConfig,
     MonitorsGateConfig,
     RollbackConfig,
 )
@@ -34,6 +35,7 @@ from thresher.config.engine import (
     SamplingConfig,
     ServerConfig,
 )
+from thresher.config.env import CurriculumConfig, EnvironmentConfig, EnvTaskConfig
 from thresher.config.eval import (
     FORGETTING,
     BootstrapEvalConfig,
@@ -56,6 +58,10 @@ from thresher.config.train import (
 from thresher.config.verify import VerifyConfig
 
 __all__ = [
+    "CurriculumConfig",
+    "EnvironmentConfig",
+    "EnvTaskConfig",
+    "FormatConfig",
     "EXECUTOR_HELP",
     "FORGETTING",
     "SEALED",

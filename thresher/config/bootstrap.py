@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from thresher.config.base import _Strict, never
 from thresher.config.curate import CurateConfig, CurateSections, GatedStage
+from thresher.config.env import EnvironmentConfig, round_dataset
 from thresher.config.eval import BootstrapEvalConfig, EvalConfig, forgetting_name
 from thresher.config.train import TrainConfig, TrainDataConfig, TrainSettings
 from thresher.config.verify import VerifyConfig
@@ -98,6 +99,27 @@ class MonitorsGateConfig(_Strict):
         description="least held-out pass@k - pass@1 (largest k) of the round's sampling model",
     )
     min_mixed_share: float | None = _share("least share of prompts solved sometimes, not always")
+    max_answer_excess: float | None = _share(
+        "most excess, in any task, of the kept candidates' top final answer's share over "
+        "its share of the references (a loop collapsing onto one answer)"
+    )
+
+
+class FormatConfig(_Strict):
+    """The asked answer format from a cold start: while the sampling model's held-out
+    share of answers in the format (the evaluation's `format` metric) is below
+    `min_compliance`, a round keeps correct answers outside the format (the verify rule
+    without `answer_format`) and trains on them with the answer restated in the format."""
+
+    tag: str = Field("answer", pattern=r"^[A-Za-z][\w-]*$", description="the asked tag")
+    remedy: Literal["restate", "none"] = Field(
+        "restate",
+        description="restate: a kept answer outside the format ends with `<tag>answer</tag>` "
+        "(marked `restated`); none: only answers in the format are kept, from round 0",
+    )
+    min_compliance: float = Field(
+        0.5, ge=0, le=1, description="the format share at which rounds require the format"
+    )
 
 
 class BootstrapConfig(GatedStage, CurateSections):
@@ -129,6 +151,22 @@ class BootstrapConfig(GatedStage, CurateSections):
         description="check each round's monitors against thresholds before training on it",
     )
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+    environment: EnvironmentConfig | None = Field(
+        None,
+        description="generate each round's training prompts (dataset <prompts.dataset>-round-"
+        "<r>) instead of reading a fixed dataset",
+    )
+    format: FormatConfig | None = Field(
+        None, description="the remedy for a model that does not yet answer in the asked format"
+    )
+
+    @model_validator(mode="after")
+    def _format_is_judged(self) -> BootstrapConfig:
+        if self.format is not None and "answer_format" not in self.verify.all_names():
+            raise ValueError("format: needs the answer_format verifier among verify.verifiers")
+        if self.format is not None and self.verify.rule is not None:
+            raise ValueError("format: needs the default verify rule (every verifier passes)")
+        return self
 
     @model_validator(mode="after")
     def _headroom_measured(self) -> BootstrapConfig:
@@ -159,21 +197,43 @@ class BootstrapConfig(GatedStage, CurateSections):
         if self.eval.verify is not None:
             self.eval.verify.with_reference()  # raises when a list has none
             return self.eval.verify
-        return self.verify.with_reference()
+        held_out = self.verify.with_reference()
+        if "answer_format" not in self.verify.verifiers:
+            return held_out
+        # the asked format only ever fails a candidate the reference check passed: it stays,
+        # and the evaluation reports the lenient reading and the format share beside it
+        options = self.verify.options.get("answer_format")
+        return held_out.model_copy(
+            update={
+                "verifiers": [*held_out.verifiers, "answer_format"],
+                "options": held_out.options | ({"answer_format": options} if options else {}),
+            }
+        )
 
-    def curate_config(self, round_: int, model: str) -> CurateConfig:
-        """Round `round_`'s curate step, sampling with `model`."""
+    def curate_config(self, round_: int, model: str, restate: bool = False) -> CurateConfig:
+        """Round `round_`'s curate step, sampling with `model` (its generated prompts with
+        an environment; with `restate`, the rule without the format's verdict)."""
+        sections = self.curate_sections()
+        if self.environment is not None:
+            dataset = round_dataset(self.prompts.dataset, round_)
+            sections["prompts"] = self.prompts.model_copy(
+                update={"dataset": dataset, "split": "train"}
+            )
+        if restate:
+            names = [n for n in self.verify.all_names() if n != "answer_format"]
+            sections["verify"] = self.verify.model_copy(update={"rule": " and ".join(names)})
         return CurateConfig(
             **self.runtime(),
-            **self.curate_sections(),
+            **sections,
             name=self.name,
             model=model,
             round=round_,
             gates=self.gates,
         )
 
-    def train_config(self, round_: int) -> TrainConfig:
-        """Round `round_`'s training step: its kept data (and earlier rounds') -> model r+1."""
+    def train_config(self, round_: int, restate: bool = False) -> TrainConfig:
+        """Round `round_`'s training step: its kept data (and earlier rounds') -> model r+1
+        (with `restate`, answers outside the asked format restated in it)."""
         settings = {f: getattr(self.train, f) for f in TrainSettings.model_fields}
         return TrainConfig(
             name=self.name,
@@ -181,10 +241,20 @@ class BootstrapConfig(GatedStage, CurateSections):
             round=round_,
             lake=self.lake,
             data=TrainDataConfig(
-                round=round_, all_rounds=self.train.all_rounds, pipeline=self.name
+                round=round_,
+                all_rounds=self.train.all_rounds,
+                pipeline=self.name,
+                restate_format=self.format.tag if restate and self.format else None,
             ),
             **settings,
         )
+
+    def restates(self, compliance: float | None) -> bool:
+        """Whether a round sampled by a model with this held-out format share (None:
+        unmeasured) restates answers outside the format (`format.remedy`)."""
+        if self.format is None or self.format.remedy != "restate":
+            return False
+        return compliance is None or compliance < self.format.min_compliance
 
     def eval_config(self, round_: int, model: str) -> EvalConfig:
         """Held-out evaluation of model `round_` (model 0 is the base model)."""

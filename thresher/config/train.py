@@ -21,6 +21,13 @@ class TrainDataConfig(_Strict):
     path: str | None = Field(
         None, description="instead: a datasets folder or JSONL (messages or prompt+completion)"
     )
+    restate_format: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z][\w-]*$",
+        description="a tag (e.g. answer): a kept answer whose prompt asks for <tag> but "
+        "which states no <tag>...</tag> gets its final answer (as its verifier read it) "
+        "restated in that format on a last line, and is marked `restated`",
+    )
 
 
 class LoraConfig(_Strict):
