@@ -67,6 +67,21 @@ reasoning-gym: $(SMOLLM2_MODEL)/config.json
 	$(BIN)/thresher bootstrap -c configs/bootstrap-reasoning-gym.yaml --lake $(RG_LAKE)
 	$(BIN)/thresher report --name smollm2-reasoning-gym --lake $(RG_LAKE)
 
+# SmolLM2 at its frontier (configs/bootstrap-rg-frontier.yaml): fresh reasoning-gym prompts
+# each round at a level that follows the model, the asked format, answer balance; and the
+# plain rejection-sampling baseline of the same budget (configs/bootstrap-rg-plain.yaml).
+# Each about an hour on 2 CPU cores; stopped, it goes on where it was when run again.
+RG_HELDOUT = heldout:rg-heldout heldout-default:rg-default heldout-untrained:rg-untrained
+.PHONY: rg-frontier rg-plain
+rg-frontier rg-plain: rg-%: $(SMOLLM2_MODEL)/config.json
+	@for spec in $(RG_HELDOUT); do \
+		$(BIN)/thresher ingest --from reasoning-gym configs/reasoning-gym/$${spec%%:*}.yaml \
+			--dataset $${spec##*:} --split eval --lake lake-rg-$* || exit 1; done
+	@if [ "$*" = plain ]; then $(BIN)/thresher ingest --from reasoning-gym \
+		configs/reasoning-gym/pool.yaml --dataset rg-pool --lake lake-rg-$*; fi
+	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-$*.yaml --lake lake-rg-$*
+	$(BIN)/thresher report --name rg-$* --lake lake-rg-$*
+
 # The manual (docs/, mkdocs-material) into .cache/site; broken links and missing pages fail.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d .cache/site

@@ -1,0 +1,195 @@
+"""The asked format and the answer prior on the real engine with the tests' tiny model:
+a right answer outside the asked format is not kept, answer balance holds a skewed answer
+to its reference share, and the restate remedy raises the model's format share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from thresher.answers import answer_key
+from thresher.config import BootstrapConfig, CurateConfig
+from thresher.flows.bootstrap import run_bootstrap
+from thresher.flows.curate import run_curate
+from thresher.ingest.load import ingest
+from thresher.stores.lake import Lake
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+# in a system message: the tiny model reads its user turn as it was trained to
+ASK = "Give the final answer between <answer> and </answer> tags."
+ENGINE = {"dtype": "float32", "max_model_len": 256}
+
+
+def _asking(src: Path, out: Path, keep=lambda row: True) -> Path:
+    rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    out.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "system", "content": ASK},
+                        {"role": "user", "content": r["question"]},
+                    ],
+                    "answer": r["answer"],
+                }
+            )
+            + "\n"
+            for r in rows
+            if keep(r)
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Lake:
+    """Arithmetic prompts that ask for <answer> tags (train and eval), and a skewed set:
+    every product with a zero factor (reference 0) and as many other prompts in all as
+    make 0 the reference of 60 % of them."""
+    tmp = tmp_path_factory.mktemp("frontier")
+    lake = Lake(tmp / "lake")
+    for split in ("train", "eval"):
+        path = _asking(EXAMPLES / f"{split}.jsonl", tmp / f"{split}.jsonl")
+        ingest(lake, path, dataset="arith", split=split, task="arithmetic")
+        ingest(lake, EXAMPLES / f"{split}.jsonl", dataset="plain", split=split,
+               mapping={"prompt": "question"}, task="arithmetic")  # fmt: skip
+    every = [json.loads(line) for line in (EXAMPLES / "train.jsonl").read_text().splitlines()]
+    zeros = [r for r in every if r["answer"] == "0"]
+    others = [r for r in every if r["answer"] != "0"][: len(zeros) * 2 // 3]
+    skewed = tmp / "skewed.jsonl"
+    skewed.write_text("".join(json.dumps(r) + "\n" for r in zeros + others))
+    ingest(lake, skewed, dataset="skewed", mapping={"prompt": "question"}, task="arithmetic")
+    return lake
+
+
+def _curate(lake: Lake, tiny_model, dataset: str, **sections) -> dict:
+    cfg = CurateConfig(
+        name=f"frontier-{dataset}",
+        model=str(tiny_model),
+        batch_size=64,
+        prompts={"dataset": dataset},
+        sampling={"k": 6, "max_tokens": 24, "temperature": 1.0, "top_p": 1.0},
+        engine=ENGINE,
+        **{"select": {"decontaminate": {"exact": True}}} | sections,
+    )
+    return run_curate(cfg, lake.root, progress=False)
+
+
+def _kept_answers(lake: Lake, selection_id: str) -> pl.DataFrame:
+    return lake.query(
+        """SELECT s.kept, s.drop_reason, p.answer AS reference,
+                  (SELECT max(v.answer) FROM verdicts v WHERE v.verifier = 'math'
+                   AND v.candidate_id = s.candidate_id) AS answer
+           FROM selections s JOIN prompts p USING (prompt_id) WHERE s.selection_id = ?""",
+        [selection_id],
+    )
+
+
+def test_a_right_answer_outside_the_asked_format_is_not_kept(lake, tiny_model):
+    lenient = _curate(lake, tiny_model, "arith", verify={"verifiers": ["math"]})
+    strict = _curate(lake, tiny_model, "arith", verify={"verifiers": ["math", "answer_format"]})
+    assert strict["sampled_now"] == 0  # the same candidates, judged again
+    by = {}
+    for name, summary in (("lenient", lenient), ("strict", strict)):
+        by[name] = _kept_answers(lake, summary["selection_id"])
+    right = lake.query(
+        """SELECT count(DISTINCT m.candidate_id) FROM verdicts m JOIN verdicts f
+           USING (candidate_id) WHERE m.verifier = 'math' AND m.passed
+           AND f.verifier = 'answer_format' AND NOT f.passed"""
+    )[0, 0]
+    assert right > 0  # the tiny model answers right, never in the tags
+    assert by["lenient"]["kept"].sum() > 0
+    kept_strict = lake.query(
+        """SELECT count(*) FROM selections s JOIN verdicts f USING (candidate_id)
+           WHERE s.selection_id = ? AND s.kept AND f.verifier = 'answer_format'
+           AND NOT f.passed""",
+        [strict["selection_id"]],
+    )[0, 0]
+    assert kept_strict == 0
+
+
+def test_answer_balance_holds_a_skewed_answer_to_its_reference_share(lake, tiny_model):
+    margin = 0.05
+    plain = {"cap": 6, "near_dup": False, "policy": "first", "decontaminate": {"exact": True}}
+    off = _curate(lake, tiny_model, "skewed", verify={"verifiers": ["math"]}, select=plain)
+    on = _curate(
+        lake,
+        tiny_model,
+        "skewed",
+        verify={"verifiers": ["math"]},
+        select={**plain, "answer_balance": margin},
+    )
+    refs = lake.query("SELECT answer FROM prompts WHERE dataset = 'skewed'")["answer"]
+    share = (refs == "0").mean()
+    assert 0.55 <= share <= 0.65
+    counts = {}
+    for name, summary in (("off", off), ("on", on)):
+        rows = _kept_answers(lake, summary["selection_id"]).filter(pl.col("kept"))
+        zero = sum(answer_key(a) == "0" for a in rows["answer"].to_list())
+        counts[name] = (zero, rows.height)
+    zero_on, kept_on = counts["on"]
+    assert kept_on > 0 and zero_on / kept_on <= share + margin + 1e-9
+    zero_off, kept_off = counts["off"]
+    assert zero_off / kept_off > share + margin  # the tiny model favours x * 0 = 0
+    dropped = _kept_answers(lake, on["selection_id"]).filter(
+        pl.col("drop_reason").str.starts_with("answer_share")
+    )
+    assert dropped.height == zero_off - zero_on  # exactly the excess zeros went
+    funnel = lake.query("SELECT sum(answer_share) FROM round_funnel")[0, 0]
+    assert funnel >= dropped.height
+
+
+def test_the_restate_remedy_raises_the_format_share_over_a_round(lake, tiny_model, tmp_path):
+    cfg = BootstrapConfig.model_validate(
+        {
+            "name": "restate",
+            "base_model": str(tiny_model),
+            "batch_size": 64,
+            "max_rounds": 1,
+            "min_gain": -1.0,
+            # the tiny model's own prompts (it answers them well); the format is asked of
+            # every prompt by the verifier's `when: always`
+            "prompts": {"dataset": "plain", "split": "train"},
+            "sampling": {"k": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 48},
+            "engine": ENGINE,
+            "verify": {
+                "verifiers": ["math", "answer_format"],
+                "options": {"answer_format": {"when": "always"}},
+            },
+            "format": {"remedy": "restate", "min_compliance": 0.5},
+            "select": {"cap": 2, "decontaminate": {"exact": True}},
+            "train": {
+                "method": "full",
+                "learning_rate": 0.003,
+                "max_steps": 60,
+                "batch_size": 16,
+                "max_len": 96,
+                "eval_fraction": 0.0,
+            },
+            "eval": {
+                "prompts": {"dataset": "arith", "split": "eval", "limit": 30},
+                "n": 4,
+                "ks": [1, 4],
+            },  # fmt: skip
+        }
+    )
+    summary = run_bootstrap(cfg, lake.root, progress=False)
+    rnd = summary["rounds"][0]
+    assert rnd["restated"] is True  # the base model answers in the format 0 % of the time
+    evals = lake.query(
+        """SELECT e.round, e.metric, e.value FROM evals e JOIN runs r USING (run_id)
+           WHERE e.task = 'all' AND r.flow = 'evaluate'
+           AND json_extract_string(r.config, '$.name') = 'restate'"""
+    )
+    fmt = {r["round"]: r["value"] for r in evals.filter(pl.col("metric") == "format").to_dicts()}
+    # the format share is the answer_format verdicts' pass rate over the eval's candidates
+    assert fmt[0] == 0.0
+    assert fmt[1] > fmt[0]
+    metrics = {(r["round"], r["metric"]): r["value"] for r in evals.to_dicts()}
+    for model in (0, 1):  # the protocol never passes more than the lenient reading
+        assert metrics[(model, "pass@1")] <= metrics[(model, "pass@1 lenient")] + 1e-9
+    trained = lake.query("SELECT summary FROM runs WHERE flow = 'train' AND status = 'completed'")
+    assert json.loads(trained["summary"][0])["restated"] > 0
