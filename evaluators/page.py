@@ -509,7 +509,7 @@ def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
 def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     """Per round and task: the curriculum level (plotted when an environment generated
     the prompts), the prompts always and never solved, the share in between."""
-    from thresher.evaluators.report import task_frontier_by_round
+    from thresher.evaluators.report import spend_by_round, task_frontier_by_round
 
     table = task_frontier_by_round(lake, name)
     if table.is_empty() or table["task"].n_unique() < 2 and table["level"].is_null().all():
@@ -531,7 +531,16 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
         ax.set_ylabel("curriculum level")
         ax.set_title("Each task's level per round")
         parts.append(_rounds_picture(fig, ax, table, out / "levels.png", "Curriculum levels"))
-    return [*parts, _html_table(table)]
+    parts.append(_html_table(table))
+    spend = spend_by_round(lake, name) if name is not None else pl.DataFrame()
+    if not spend.is_empty():
+        parts += [
+            "<p>What the samples bought: tokens sampled per kept example, and per point of "
+            "held-out pass@1 the model trained on the round gained over the model that "
+            "sampled it (empty where it gained nothing).</p>",
+            _html_table(spend),
+        ]
+    return parts
 
 
 def _rounds_picture(fig, ax, table: pl.DataFrame, path: Path, alt: str) -> str:

@@ -180,6 +180,45 @@ def task_frontier_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     )
 
 
+def spend_by_round(lake: Lake, name: str) -> pl.DataFrame:
+    """Per curated round and task (and "all"): tokens sampled, kept examples, tokens per kept
+    example, the held-out pass@1 gain of the model trained on the round over the model that
+    sampled it, and tokens per held-out point gained (null where it did not gain)."""
+    cte, params = _selections(name)
+    spent = lake.query(
+        f"""WITH {cte}
+        SELECT s.round, p.task, sum(c.n_tokens)::BIGINT AS tokens,
+               count(*) FILTER (WHERE s.kept) AS kept
+        FROM sel s JOIN candidates c USING (candidate_id)
+        JOIN prompts p ON p.prompt_id = s.prompt_id
+        GROUP BY ALL""",
+        params,
+    )
+    if spent.is_empty():
+        return pl.DataFrame(schema={"round": pl.Int64, "task": pl.String})
+    spent = pl.concat(
+        [spent, spent.group_by("round").agg(pl.lit("all").alias("task"), pl.sum("tokens", "kept"))],
+        how="diagonal",
+    )
+    rates = eval_prompt_rates(lake, name)
+    if not rates.is_empty():
+        per = _with_all(rates).group_by("task", "round").agg(pass_at_1=pl.col("rate").mean())
+        after = per.with_columns(pl.col("round") - 1).rename({"pass_at_1": "after"})
+        gains = per.join(after, on=["task", "round"]).select(
+            "task", "round", gain=pl.col("after") - pl.col("pass_at_1")
+        )
+        spent = spent.join(gains, on=["task", "round"], how="left")
+    else:
+        spent = spent.with_columns(gain=pl.lit(None, pl.Float64))
+    return spent.with_columns(
+        tokens_per_kept=(pl.col("tokens") / pl.col("kept")).round(1),
+        tokens_per_point=pl.when(pl.col("gain") > 0)
+        .then(pl.col("tokens") / (pl.col("gain") * 100))
+        .round(0),
+        gain=pl.col("gain").round(4),
+    ).sort("round", pl.col("task") != "all", "task")
+
+
 def task_answers_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     """Per curated round and task (view `task_monitors`): the top final answer's share among
     the model's answers, the kept ones and the references, the kept top answer, its excess

@@ -25,6 +25,7 @@ from thresher.flows.tasks import (
     sample_task,
     sampled_batches,
     select_task,
+    top_up_in_chunks,
     verify_task,
 )
 from thresher.plan import RoundPlan, plan_curate
@@ -68,7 +69,9 @@ def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str,
         sampling_s, batches_done = 0.0, 0
         quiet_task_logs()
         sample = sample_task.with_options(timeout_seconds=cfg.timeout_s)
-        cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(ks)
+        chunk = cfg.sampling.chunk
+        first = {p: min(k, chunk) for p, k in ks.items()} if chunk else ks
+        cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(first)
         with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
             for batch, sampled in sampled_batches(
                 sample, lake_root, cfg, run_id, batched(todo, cfg.batch_size), ks_q
@@ -77,6 +80,12 @@ def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str,
                 sampling_s += sampled.seconds
                 ids = sampled.ids
                 done["verified"] += verify_task(lake_root, cfg_q, plan_q, quote(ids))
+                if chunk:  # more samples only for prompts selection still wants them for
+                    ids, more, verified = top_up_in_chunks(
+                        sample, lake_root, cfg, plan, batch, ks, sampled
+                    )
+                    done["sampled"] += more
+                    done["verified"] += verified
                 if cfg.rationalize.enabled:
                     hinted = rationalize_task(lake_root, cfg_q, plan_q, quote(batch), quote(ids))
                     done["sampled"] += hinted.written

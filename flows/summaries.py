@@ -25,6 +25,8 @@ class CurateSummary(_Summary):
     retired: int | None = None
     band: Any = None
     monitors: dict[str, Any] | None = None
+    tokens: int | None = None  # sampled for the selection's prompts
+    tokens_per_kept: float | None = None
 
     def line(self, round_: int) -> str:
         """e.g. 'round 0: 1000 prompts sampled (0 skipped as solved), 8000 candidates, ...'."""
@@ -33,12 +35,14 @@ class CurateSummary(_Summary):
             f"round {round_}: {self.prompts} prompts sampled ({self.skipped_solved} skipped "
             f"as solved{retired}), {self.candidates} candidates, {self.passed} passed, "
             f"kept {self.kept}"
+            + (f" ({self.tokens_per_kept:g} tokens per kept)" if self.tokens_per_kept else "")
         )
 
     def brief(self) -> dict[str, Any]:
         """What a bootstrap records of the round's curation."""
         keys = ("run_id", "candidates", "passed", "kept", "sampled_now", "skipped_solved")
-        return {k: getattr(self, k) for k in (*keys, "retired", "band")}
+        keys += ("retired", "band", "tokens", "tokens_per_kept")
+        return {k: getattr(self, k) for k in keys}
 
 
 class TrainSummary(_Summary):

@@ -165,6 +165,49 @@ def sampled_batches(
         yield done, future.result()
 
 
+@task(name="chunk", cache_policy=NO_CACHE)
+def chunk_task(lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str]) -> set[str]:
+    """The prompts of these candidates that need no more samples (selection's view)."""
+    from thresher.selection.stage import satisfied_prompts
+
+    return satisfied_prompts(Lake(lake_root), cfg.select, plan, ids, cfg.sampling.chunk or 1)
+
+
+def top_up_in_chunks(
+    sample: Task[..., Sampled],
+    lake_root: str,
+    cfg: CurateConfig,
+    plan: RoundPlan,
+    batch: list[dict],
+    ks: dict[str, int],
+    sampled: Sampled,
+) -> tuple[list[str], int, int]:
+    """After a batch's first chunk (verified): sample `sampling.chunk` more for each prompt
+    selection is not yet satisfied with, verify, and again, up to its k. Returns every
+    candidate id of the batch, the candidates written and the verdicts written."""
+    chunk = cfg.sampling.chunk or 1
+    cfg_q, plan_q = quote(cfg), quote(plan)
+    ids, written, verified = list(sampled.ids), 0, 0
+    have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in batch}
+    while True:
+        done = chunk_task(lake_root, cfg_q, plan_q, quote(ids))
+        more = [
+            p
+            for p in batch
+            if p["prompt_id"] not in done and have[p["prompt_id"]] < ks[p["prompt_id"]]
+        ]
+        if not more:
+            return ids, written, verified
+        for p in more:
+            have[p["prompt_id"]] = min(have[p["prompt_id"]] + chunk, ks[p["prompt_id"]])
+        step = sample(lake_root, cfg_q, plan.run_id, quote(more), quote(dict(have)))
+        written += step.written
+        known = set(ids)
+        new = [i for i in step.ids if i not in known]
+        ids += new
+        verified += verify_task(lake_root, cfg_q, plan_q, quote(new))
+
+
 COMPACT_CHECK_EVERY = 100  # batches
 
 

@@ -44,3 +44,31 @@ def select_candidates(
 
     index = eval_index(lake, settings.decontaminate)
     return select_batch(lake, plan, settings, candidate_ids, index)
+
+
+def satisfied_prompts(
+    lake: Lake, settings: SelectConfig, plan: RoundPlan, candidate_ids: list[str], chunk: int
+) -> set[str]:
+    """The prompts of these candidates that more samples would not change the selection
+    of: those with `cap` distinct passing unhinted answers (text, spacing folded), and,
+    where `max_pass_rate` drops prompts solved too often, those whose first `chunk`
+    samples all passed."""
+    from thresher.selection.select import normalised_hash
+    from thresher.stores.queries import selection_inputs
+
+    rows = selection_inputs(lake, candidate_ids, plan.rule, plan.digests or None, plan.ranking)
+    passing: dict[str, set[str]] = {}
+    first: dict[str, list[bool]] = {}
+    for r in rows:
+        if r["hinted"]:
+            continue
+        if r["passed"]:
+            passing.setdefault(r["prompt_id"], set()).add(
+                normalised_hash(r["text"] or "", settings.lowercase)
+            )
+        if r["sample_idx"] < chunk:
+            first.setdefault(r["prompt_id"], []).append(bool(r["passed"]))
+    done = {p for p, texts in passing.items() if len(texts) >= settings.cap}
+    if settings.max_pass_rate is not None and settings.max_pass_rate < 1:
+        done |= {p for p, got in first.items() if len(got) == chunk and all(got)}
+    return done

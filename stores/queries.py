@@ -354,20 +354,26 @@ def count_verdicts(lake: Lake, selection_id: str, used: dict[str, str]) -> int:
 
 
 def run_summary(lake: Lake, selection_id: str) -> dict:
-    """Prompts, candidates, the funnel's counts (as `round_funnel`), pass rate, prompts solved
-    and truncated answers of one selection (passed = not `failed`)."""
+    """Prompts, candidates, the funnel's counts (as `round_funnel`), pass rate, prompts solved,
+    truncated answers, tokens sampled and tokens per kept example of one selection (passed =
+    not `failed`)."""
     row = lake.query(
         f"""SELECT count(DISTINCT c.prompt_id) AS prompts,
                   count(*) AS candidates,{FUNNEL_COUNTS_SQL},
                   coalesce(avg(({PASSED_SQL})::INT), 0) AS pass_rate,
                   count(DISTINCT c.prompt_id)
                       FILTER (WHERE {PASSED_SQL}) AS prompts_solved,
-                  count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated
+                  count(*) FILTER (WHERE c.finish_reason = 'length') AS truncated,
+                  sum(c.n_tokens)::BIGINT AS tokens
            FROM selections s JOIN candidates c USING (candidate_id)
            WHERE s.selection_id = ?""",
         [selection_id],
     ).row(0, named=True)
     row["pass_rate"] = round(float(row["pass_rate"]), 4)
+    # what a kept example cost to find: every token sampled for the selection's prompts
+    row["tokens_per_kept"] = (
+        round(row["tokens"] / row["kept"], 1) if row["tokens"] and row["kept"] else None
+    )
     return row
 
 

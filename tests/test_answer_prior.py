@@ -229,7 +229,8 @@ def _round_selection(lake, dataset: str, round_: int, passing: dict[str, tuple[i
         for i in range(n):
             cid = f"{task}-{round_}-{i}"
             cands.append({"candidate_id": cid, "prompt_id": ids[i % len(ids)], "round": round_,
-                          "sample_idx": i, "text": "x", "hinted": False})  # fmt: skip
+                          "sample_idx": i, "text": "x", "n_tokens": 3,
+                          "hinted": False})  # fmt: skip
             reason = None if i < passed else "failed"
             decisions.append(
                 {"candidate_id": cid, "prompt_id": ids[i % len(ids)], "reason": reason}
@@ -282,6 +283,21 @@ def test_the_curriculum_raises_a_level_above_the_band_and_lowers_it_below(lake):
     assert (ba["level"], ba["prompts"], ba["always"], ba["never"], ba["in_band"]) == (1, 6, 5, 1, 0)
     assert table[(1, "basic_arithmetic")]["level"] == 2
     assert table[(1, "chain_sum")]["pass_rate"] == 0.5
+    # what the samples bought: 3 tokens a candidate, 5 of basic_arithmetic's 6 kept
+    from thresher.evaluators.report import spend_by_round
+
+    spend = {(r["round"], r["task"]): r for r in spend_by_round(lake, "env").to_dicts()}
+    assert (spend[(0, "basic_arithmetic")]["tokens"], spend[(0, "basic_arithmetic")]["kept"]) == (
+        18,
+        5,
+    )
+    assert spend[(0, "basic_arithmetic")]["tokens_per_kept"] == 3.6
+    assert (spend[(0, "all")]["tokens"], spend[(0, "all")]["kept"]) == (36, 5)
+    assert spend[(0, "all")]["gain"] is None  # no evaluation here
+    from thresher.evaluators.page import write_report
+
+    page = write_report(lake, lake.root.parent / "report", "env").read_text()
+    assert "<h2>Frontier</h2>" in page and 'alt="Curriculum levels"' in page
     # generating a round again adds nothing
     before = lake.count("prompts")
     generate_round(lake, env, "gen", "env", 2)

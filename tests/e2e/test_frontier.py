@@ -71,9 +71,12 @@ def _curate(lake: Lake, tiny_model, dataset: str, **sections) -> dict:
         model=str(tiny_model),
         batch_size=64,
         prompts={"dataset": dataset},
-        sampling={"k": 6, "max_tokens": 24, "temperature": 1.0, "top_p": 1.0},
         engine=ENGINE,
-        **{"select": {"decontaminate": {"exact": True}}} | sections,
+        **{
+            "sampling": {"k": 6, "max_tokens": 24, "temperature": 1.0, "top_p": 1.0},
+            "select": {"decontaminate": {"exact": True}},
+        }
+        | sections,
     )
     return run_curate(cfg, lake.root, progress=False)
 
@@ -193,3 +196,43 @@ def test_the_restate_remedy_raises_the_format_share_over_a_round(lake, tiny_mode
         assert metrics[(model, "pass@1")] <= metrics[(model, "pass@1 lenient")] + 1e-9
     trained = lake.query("SELECT summary FROM runs WHERE flow = 'train' AND status = 'completed'")
     assert json.loads(trained["summary"][0])["restated"] > 0
+
+
+def test_chunked_sampling_stops_a_prompt_once_selection_has_what_it_keeps(lake, tiny_model):
+    chunk, k, cap = 2, 8, 2
+    summary = _curate(
+        lake,
+        tiny_model,
+        "plain",
+        sampling={"k": k, "chunk": chunk, "max_tokens": 24, "temperature": 1.0, "top_p": 1.0},
+        verify={"verifiers": ["math"]},
+        select={"cap": cap, "max_pass_rate": 0.99, "decontaminate": {"exact": True}},
+    )
+    rows = lake.query(
+        """SELECT c.prompt_id, c.sample_idx, c.text, s.drop_reason IS DISTINCT FROM 'failed'
+                  AS passed
+           FROM selections s JOIN candidates c USING (candidate_id)
+           WHERE s.selection_id = ? ORDER BY c.prompt_id, c.sample_idx""",
+        [summary["selection_id"]],
+    )
+    stopped = early = 0
+    for _, group in rows.group_by(["prompt_id"], maintain_order=True):
+        n = group.height
+        assert n % chunk == 0 and n <= k and group["sample_idx"].to_list() == list(range(n))
+        # before its last chunk, no rule had stopped it: under cap distinct passing texts,
+        # and not all of its first chunk passed (unless the first chunk was its last)
+        before = group.head(n - chunk)
+        distinct = _passing_texts(before)
+        if n > chunk:
+            assert len(distinct) < cap and not group.head(chunk)["passed"].all()
+        # where it stopped early, a rule held
+        if n < k:
+            early += 1
+            assert len(_passing_texts(group)) >= cap or group.head(chunk)["passed"].all()
+        stopped += 1
+    assert early > 0  # the tiny model solves many of these: they stop early
+    assert summary["candidates"] == rows.height < stopped * k
+
+
+def _passing_texts(group: pl.DataFrame) -> set[str]:
+    return {" ".join(t.split()) for t in group.filter(pl.col("passed"))["text"].to_list()}

@@ -45,6 +45,15 @@ class SamplingConfig(_Strict):
         description="send plain prompts as a user message through the chat template "
         "(as training renders them); false: the raw text",
     )
+    # a candidate is the same however k is reached: chunks tops a prompt up in steps
+    chunk: int | None = skipped_by(
+        "candidate",
+        default=None,
+        ge=1,
+        description="sample k in chunks of this many, verifying between them: a prompt stops "
+        "once it has select.cap distinct passing answers, or (with select.max_pass_rate) "
+        "once its first chunk all passed; unset: k at once",
+    )
 
     @model_validator(mode="after")
     def _greedy_means_one(self) -> SamplingConfig:

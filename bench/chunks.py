@@ -1,0 +1,81 @@
+"""Samples spent where they teach: tokens generated per kept example, k at once against k in
+chunks that stop a prompt once selection has what it keeps (`sampling.chunk`).
+
+Both curate the same prompts with the same model, verifiers and selection (cap distinct
+passing answers per prompt) in lakes of their own, on one shared engine; candidates are the
+same whichever way k is reached, so the chunked side samples a subset of the fixed side's
+candidate identities. Prints each side's tokens, kept examples and tokens per kept
+example, and `tokens per kept example ratio: X` (fixed / chunked; above 1: chunks spend
+fewer tokens per kept example).
+
+    .venv/bin/python bench/chunks.py [--prompts 400] [--k 8] [--chunk 2] [--cap 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=400)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--chunk", type=int, default=2)
+    parser.add_argument("--cap", type=int, default=2)
+    parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
+    args = parser.parse_args()
+
+    import os
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import run_curate
+    from thresher.ingest.load import ingest
+    from thresher.stores.lake import Lake
+
+    if not (Path(args.model) / "config.json").exists():
+        from thresher.trainers.tiny import make_word_problem_model
+
+        make_word_problem_model(args.model)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for side, chunk in (("k at once", None), (f"chunks of {args.chunk}", args.chunk)):
+            lake = Lake(Path(tmp) / side.replace(" ", "-"))
+            ingest(lake, ROOT / "examples" / "word-problems" / "train.jsonl",
+                   dataset="words", task="arithmetic")  # fmt: skip
+            cfg = CurateConfig(
+                name="bench-chunks",
+                model=args.model,
+                batch_size=256,
+                prompts={"dataset": "words", "limit": args.prompts},
+                sampling={
+                    "k": args.k,
+                    "chunk": chunk,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "max_tokens": 32,
+                },  # fmt: skip
+                engine={"dtype": "float32", "max_model_len": 256},
+                verify={"verifiers": ["math"]},
+                select={"cap": args.cap, "near_dup": False, "decontaminate": {"enabled": False}},
+            )
+            summary = run_curate(cfg, lake.root, progress=False)
+            tokens = lake.query("SELECT sum(n_tokens) FROM candidates")[0, 0]
+            out[side] = (tokens, summary["kept"], summary["candidates"])
+    for side, (tokens, kept, candidates) in out.items():
+        print(
+            f"{side:>12}: {candidates} candidates, {tokens} tokens, {kept} kept, "
+            f"{tokens / max(kept, 1):.1f} tokens per kept example"
+        )
+    (t_fixed, k_fixed, _), (t_chunk, k_chunk, _) = out.values()
+    print(f"kept: {k_chunk / max(k_fixed, 1):.3f} of the fixed side's")
+    ratio = (t_fixed / max(k_fixed, 1)) / (t_chunk / max(k_chunk, 1))
+    print(f"tokens per kept example ratio: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
