@@ -2,13 +2,15 @@
 chunks that stop a prompt once selection has what it keeps (`sampling.chunk`).
 
 Both curate the same prompts with the same model, verifiers and selection (cap distinct
-passing answers per prompt) in lakes of their own, on one shared engine; candidates are the
+passing answers per prompt; by default the frontier filter `max_pass_rate: 0.99`, which
+drops prompts solved every time) in lakes of their own, on one shared engine; candidates are the
 same whichever way k is reached, so the chunked side samples a subset of the fixed side's
 candidate identities. Prints each side's tokens, kept examples and tokens per kept
 example, and `tokens per kept example ratio: X` (fixed / chunked; above 1: chunks spend
 fewer tokens per kept example).
 
     .venv/bin/python bench/chunks.py [--prompts 400] [--k 8] [--chunk 2] [--cap 2]
+        [--max-pass-rate 0.99]
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=2)
     parser.add_argument("--cap", type=int, default=2)
+    parser.add_argument(
+        "--max-pass-rate",
+        type=float,
+        default=0.99,
+        help="selection's frontier filter on both sides (1: off, keep always-solved prompts)",
+    )
     parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
     args = parser.parse_args()
 
@@ -61,7 +69,12 @@ def main() -> None:
                 },  # fmt: skip
                 engine={"dtype": "float32", "max_model_len": 256},
                 verify={"verifiers": ["math"]},
-                select={"cap": args.cap, "near_dup": False, "decontaminate": {"enabled": False}},
+                select={
+                    "cap": args.cap,
+                    "near_dup": False,
+                    "max_pass_rate": args.max_pass_rate if args.max_pass_rate < 1 else None,
+                    "decontaminate": {"enabled": False},
+                },
             )
             summary = run_curate(cfg, lake.root, progress=False)
             tokens = lake.query("SELECT sum(n_tokens) FROM candidates")[0, 0]

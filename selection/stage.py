@@ -49,26 +49,45 @@ def select_candidates(
 def satisfied_prompts(
     lake: Lake, settings: SelectConfig, plan: RoundPlan, candidate_ids: list[str], chunk: int
 ) -> set[str]:
-    """The prompts of these candidates that more samples would not change the selection
-    of: those with `cap` distinct passing unhinted answers (text, spacing folded), and,
-    where `max_pass_rate` drops prompts solved too often, those whose first `chunk`
-    samples all passed."""
-    from thresher.selection.select import normalised_hash
+    """The prompts of these candidates that more samples are unlikely to change the
+    selection of: those with `cap` distinct passing unhinted answers (text, spacing
+    folded); those whose last chunk added no distinct passing answer to the ones before it
+    (the model says the same right thing again); and, where `max_pass_rate` drops prompts
+    solved too often, those whose first `chunk` samples all passed."""
     from thresher.stores.queries import selection_inputs
 
     rows = selection_inputs(lake, candidate_ids, plan.rule, plan.digests or None, plan.ranking)
-    passing: dict[str, set[str]] = {}
-    first: dict[str, list[bool]] = {}
+    by_prompt: dict[str, list[dict]] = {}
     for r in rows:
-        if r["hinted"]:
-            continue
-        if r["passed"]:
-            passing.setdefault(r["prompt_id"], set()).add(
-                normalised_hash(r["text"] or "", settings.lowercase)
-            )
-        if r["sample_idx"] < chunk:
-            first.setdefault(r["prompt_id"], []).append(bool(r["passed"]))
-    done = {p for p, texts in passing.items() if len(texts) >= settings.cap}
-    if settings.max_pass_rate is not None and settings.max_pass_rate < 1:
-        done |= {p for p, got in first.items() if len(got) == chunk and all(got)}
-    return done
+        if not r["hinted"]:
+            by_prompt.setdefault(r["prompt_id"], []).append(r)
+    easy = settings.max_pass_rate is not None and settings.max_pass_rate < 1
+    return {
+        p
+        for p, group in by_prompt.items()
+        if chunk_rule(group, settings.cap, chunk, easy, settings.lowercase) is not None
+    }
+
+
+def chunk_rule(
+    group: list[dict], cap: int, chunk: int, drops_easy: bool, lowercase: bool = False
+) -> str | None:
+    """Why a prompt's samples so far (rows with sample_idx, text, passed) need no more:
+    "cap", "stalled" or "always" (see `satisfied_prompts`); None: sample on."""
+    from thresher.selection.select import normalised_hash
+
+    group = sorted(group, key=lambda r: r["sample_idx"])
+    n = len(group)
+
+    def distinct(rows: list[dict]) -> int:
+        return len({normalised_hash(r["text"] or "", lowercase) for r in rows if r["passed"]})
+
+    if distinct(group) >= cap:
+        return "cap"
+    last = n - (n - 1) % chunk - 1  # where the last chunk started
+    if last > 0 and distinct(group[:last]) >= 1 and distinct(group) == distinct(group[:last]):
+        return "stalled"
+    first = group[:chunk]
+    if drops_easy and len(first) == chunk and all(r["passed"] for r in first):
+        return "always"
+    return None
