@@ -334,3 +334,30 @@ def test_generated_prompts_never_equal_an_eval_or_test_prompt(lake):
     assert made.len() == 20 and not held & set(made)
     later = generate_round(lake, env, "gen", "env", 1)["chain_sum"]
     assert later["seed"] == 5 + SEED_STRIDE
+
+
+def test_two_runs_are_compared_paired_over_their_common_prompts():
+    from thresher.evaluators.compare import paired_difference
+
+    def rates(round_: int, values: dict[str, float]) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "round": [round_] * len(values),
+                "prompt_id": list(values),
+                "task": ["t1" if p < "p3" else "t2" for p in values],
+                "reference": ["1"] * len(values),
+                "n": [1] * len(values),
+                "c": [int(v) for v in values.values()],
+                "rate": list(values.values()),
+            }
+        )
+
+    a = pl.concat([rates(0, {"p1": 0, "p2": 0}), rates(3, {"p1": 1, "p2": 1, "p3": 1, "p4": 0})])
+    b = rates(2, {"p1": 1, "p2": 0, "p3": 0, "p5": 1})  # p4, p5 are not common
+    got = {r["task"]: r for r in paired_difference(a, b).to_dicts()}
+    # common prompts p1, p2, p3: a's last model 1, 1, 1; b's 1, 0, 0
+    assert (got["all"]["prompts"], got["all"]["difference"]) == (3, pytest.approx(2 / 3))
+    assert (got["all"]["round_a"], got["all"]["round_b"]) == (3, 2)
+    assert got["t1"]["difference"] == pytest.approx(0.5) and got["t2"]["difference"] == 1.0
+    sd = (((0 - 2 / 3) ** 2 + 2 * (1 - 2 / 3) ** 2) / 2) ** 0.5
+    assert got["all"]["low"] == pytest.approx(2 / 3 - 1.959963984540054 * sd / 3**0.5)
