@@ -125,7 +125,8 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     evals = lake.query(
         "SELECT round, metric FROM evals WHERE task = 'all' AND split = 'eval' ORDER BY 1, 2"
     ).rows()
-    assert evals == [(r, m) for r in (0, 1, 2) for m in ("pass@1", "pass@4")]
+    metrics = ("constant-answer", "pass@1", "pass@1 non-modal", "pass@4")
+    assert evals == [(r, m) for r in (0, 1, 2) for m in metrics]
     assert _count(lake, "SELECT count(DISTINCT run_id) FROM train_metrics") == 2
     assert "round r's pass@k is model r" in first.stdout
 

@@ -222,7 +222,8 @@ def test_another_verifier_in_eval_writes_its_own_metrics(runs, tiny_model):
     assert math["run_id"] != exact["run_id"]
     assert exact["verified_now"] == 40  # the same 40 candidates, judged by exact now
     for s in (math, exact):
-        assert {m["metric"] for m in s["metrics"] if m["task"] == "all"} == {"pass@1", "pass@4"}
+        got = {m["metric"] for m in s["metrics"] if m["task"] == "all"}
+        assert got == {"pass@1", "pass@4", "constant-answer", "pass@1 non-modal"}
     ids = set(lake.query("SELECT DISTINCT run_id FROM evals")["run_id"])
     assert {math["run_id"], exact["run_id"]} <= ids
 

@@ -49,12 +49,17 @@ def test_eval_writes_pass_at_k_and_resumes(tiny_model, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     evals = lake.query("SELECT task, metric, value, prompts, samples FROM evals ORDER BY 1, 2")
     got = {(r["task"], r["metric"]): r for r in evals.iter_rows(named=True)}
+    prior = {"constant-answer", "pass@1 non-modal"}  # the answer prior, beside pass@k
     assert set(got) == {
-        ("all", "pass@1"),
-        ("all", "pass@4"),
-        ("arithmetic", "pass@1"),
-        ("arithmetic", "pass@4"),
+        (task, metric) for task in ("all", "arithmetic") for metric in ("pass@1", "pass@4", *prior)
     }
+    # by hand: the commonest reference among the 24 prompts evaluated, and its share
+    refs = lake.query(
+        "SELECT DISTINCT p.prompt_id, p.answer FROM candidates c JOIN prompts p USING (prompt_id)"
+    )["answer"].to_list()
+    top = max(refs.count(a) for a in set(refs))
+    assert got["all", "constant-answer"]["value"] == top / 24
+    assert got["all", "pass@1 non-modal"]["prompts"] == 24 - top
     p1, p4 = got["all", "pass@1"]["value"], got["all", "pass@4"]["value"]
     assert 0 < p1 <= p4 <= 1 and got["all", "pass@1"]["prompts"] == 24
     # pass@1 is the plain pass rate of the samples
@@ -65,7 +70,7 @@ def test_eval_writes_pass_at_k_and_resumes(tiny_model, tmp_path):
 
     second = subprocess.run(cmd, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert lake.count("candidates") == 24 * 4 and lake.count("evals") == 4
+    assert lake.count("candidates") == 24 * 4 and lake.count("evals") == 8
 
 
 def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp_path):

@@ -197,7 +197,15 @@ def test_run_on_the_local_engine(engine, tiny_model):
     judge = Judge(model=str(tiny_model))
     out = judge.run(CANDIDATES)
     assert running_engine()[1] is engine  # reused, and left running
-    assert out.columns == ["candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms"]
+    assert out.columns == [
+        "candidate_id",
+        "verifier",
+        "score",
+        "passed",
+        "reason",
+        "elapsed_ms",
+        "answer",
+    ]
     assert out["candidate_id"].to_list() == CANDIDATES["candidate_id"].to_list()
     assert set(out["verifier"]) == {"judge"}
     v = {r["candidate_id"]: r for r in out.to_dicts()}
