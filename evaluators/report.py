@@ -491,7 +491,8 @@ def modal_flags(rates: pl.DataFrame) -> pl.DataFrame:
         key=pl.col("reference").map_elements(answer_key, return_dtype=pl.String)
     )
     prompts = keyed.unique("prompt_id").filter(pl.col("key").is_not_null())
-    counts = prompts.group_by("task", "key").agg(k=pl.len()).sort("task", -pl.col("k"), "key")
+    counts = prompts.group_by("task", "key").agg(k=pl.len().cast(pl.Int64))
+    counts = counts.sort(["task", "k", "key"], descending=[False, True, False])
     modal = counts.unique("task", keep="first").select("task", modal_key="key")
     return keyed.join(modal, on="task", how="left").with_columns(
         modal=(pl.col("key") == pl.col("modal_key")).fill_null(False)

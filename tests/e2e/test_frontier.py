@@ -194,6 +194,14 @@ def test_the_restate_remedy_raises_the_format_share_over_a_round(lake, tiny_mode
     metrics = {(r["round"], r["metric"]): r["value"] for r in evals.to_dicts()}
     for model in (0, 1):  # the protocol never passes more than the lenient reading
         assert metrics[(model, "pass@1")] <= metrics[(model, "pass@1 lenient")] + 1e-9
+    # the report's prior table and the evaluation's own metrics, two readings of one count
+    from thresher.evaluators.report import prior_by_task
+
+    prior = prior_by_task(lake, "restate").filter(pl.col("task") == "all").row(0, named=True)
+    assert prior["constant_answer"] == pytest.approx(metrics[(0, "constant-answer")])
+    assert prior["base"] == pytest.approx(metrics[(0, "pass@1")])
+    assert prior["non_modal_after"] == pytest.approx(metrics[(1, "pass@1 non-modal")])
+    assert prior["ca_low"] <= prior["constant_answer"] <= prior["ca_high"]
     trained = lake.query("SELECT summary FROM runs WHERE flow = 'train' AND status = 'completed'")
     assert json.loads(trained["summary"][0])["restated"] > 0
 
