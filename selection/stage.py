@@ -78,14 +78,13 @@ def chunk_rule(
 
     group = sorted(group, key=lambda r: r["sample_idx"])
     n = len(group)
-
-    def distinct(rows: list[dict]) -> int:
-        return len({normalised_hash(r["text"] or "", lowercase) for r in rows if r["passed"]})
-
-    if distinct(group) >= cap:
+    passing = [normalised_hash(r["text"] or "", lowercase) if r["passed"] else None for r in group]
+    every = len(set(passing) - {None})
+    if every >= cap:
         return "cap"
     last = n - (n - 1) % chunk - 1  # where the last chunk started
-    if last > 0 and distinct(group[:last]) >= 1 and distinct(group) == distinct(group[:last]):
+    before = len(set(passing[:last]) - {None})
+    if last > 0 and before >= 1 and every == before:
         return "stalled"
     first = group[:chunk]
     if drops_easy and len(first) == chunk and all(r["passed"] for r in first):
