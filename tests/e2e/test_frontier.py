@@ -172,10 +172,13 @@ def test_the_restate_remedy_raises_the_format_share_over_a_round(lake, tiny_mode
                 "max_len": 96,
                 "eval_fraction": 0.0,
             },
+            # held out in the context it trained in: the tiny model does not carry a format
+            # learnt without the system message over to prompts that have one
             "eval": {
-                "prompts": {"dataset": "arith", "split": "eval", "limit": 30},
+                "prompts": {"dataset": "plain", "split": "eval", "limit": 30},
                 "n": 4,
                 "ks": [1, 4],
+                "temperature": 0.5,
             },  # fmt: skip
         }
     )
