@@ -70,7 +70,8 @@ reasoning-gym: $(SMOLLM2_MODEL)/config.json
 # SmolLM2 at its frontier (configs/bootstrap-rg-frontier.yaml): fresh reasoning-gym prompts
 # each round at a level that follows the model, the asked format, answer balance; and the
 # plain rejection-sampling baseline of the same budget (configs/bootstrap-rg-plain.yaml).
-# Each about an hour on 2 CPU cores; stopped, it goes on where it was when run again.
+# Each round about a quarter of an hour on 2 CPU cores; ROUNDS=N overrides the config's
+# max_rounds; stopped, it goes on where it was when run again.
 RG_HELDOUT = heldout:rg-heldout heldout-default:rg-default heldout-untrained:rg-untrained
 .PHONY: rg-frontier rg-plain
 rg-frontier rg-plain: rg-%: $(SMOLLM2_MODEL)/config.json
@@ -79,7 +80,7 @@ rg-frontier rg-plain: rg-%: $(SMOLLM2_MODEL)/config.json
 			--dataset $${spec##*:} --split eval --lake lake-rg-$* || exit 1; done
 	@if [ "$*" = plain ]; then $(BIN)/thresher ingest --from reasoning-gym \
 		configs/reasoning-gym/pool.yaml --dataset rg-pool --lake lake-rg-$*; fi
-	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-$*.yaml --lake lake-rg-$*
+	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-$*.yaml --lake lake-rg-$* $(if $(ROUNDS),--max-rounds $(ROUNDS))
 	$(BIN)/thresher report --name rg-$* --lake lake-rg-$*
 
 # The manual (docs/, mkdocs-material) into .cache/site; broken links and missing pages fail.
