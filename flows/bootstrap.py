@@ -141,7 +141,7 @@ def prepare_round(
         levels = generate_round(lake, cfg.environment, cfg.prompts.dataset, cfg.name, round_)
         for task, plan in levels.items():
             _say(
-                f"round {round_}: {task} level {plan['level']} of {plan['levels'] - 1} "
+                f"round {round_}: {task} level {plan['level']} (0-{plan['levels'] - 1}) "
                 f"({plan['why']}), {plan['generated']} prompts"
             )
         notes["levels"] = {t: p["level"] for t, p in levels.items()}
