@@ -524,10 +524,14 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     if not table["level"].is_null().all():
         fig = _figure()
         ax = fig.add_subplot()
-        for task in table["task"].unique(maintain_order=True).to_list():
+        tasks = table["task"].unique(maintain_order=True).to_list()
+        for i, task in enumerate(tasks):
             rows = table.filter(pl.col("task") == task)
-            ax.step(rows["round"].to_list(), rows["level"].to_list(), where="mid",
-                    marker="o", label=task)  # fmt: skip
+            # tasks at one level would hide each other: each line sits a little apart
+            shift = 0.06 * (i - (len(tasks) - 1) / 2)
+            levels = [None if v is None else v + shift for v in rows["level"].to_list()]
+            ax.step(rows["round"].to_list(), levels, where="mid", marker="o", label=task)
+        ax.yaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("curriculum level")
         ax.set_title("Each task's level per round")
         parts.append(_rounds_picture(fig, ax, table, out / "levels.png", "Curriculum levels"))
