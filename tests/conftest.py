@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="thresher-prefect-"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The engine core in the test's own process: the same vLLM engine without spawning a
+# process that imports torch and vllm again (34 s -> 13 s a start with the tiny model,
+# measured); tests/e2e/test_resume.py keeps vLLM's default, a separate engine process.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # Prefect logs to a console pytest has closed by the time its temporary server stops.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.pop("THRESHER_LAKE", None)

@@ -56,11 +56,14 @@ def test_kill_and_resume(tiny_model, tmp_path):
     cfg_path = tmp_path / "resume.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
 
+    # vLLM's default engine, a process of its own: a kill must take it down too
+    default_engine = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     proc = subprocess.Popen(
         curate_cmd(cfg_path, lake.root),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=default_engine,
     )
     deadline = time.monotonic() + 300
     while len(part_files(lake.root)) < 3 and proc.poll() is None:
@@ -75,7 +78,9 @@ def test_kill_and_resume(tiny_model, tmp_path):
     done_batches = {b for t in before.values() for b in t.column("batch_id").to_pylist()}
     assert lake.query("SELECT status FROM runs")["status"].to_list() == ["running"]
 
-    res = subprocess.run(curate_cmd(cfg_path, lake.root), capture_output=True, text=True)
+    res = subprocess.run(
+        curate_cmd(cfg_path, lake.root), capture_output=True, text=True, env=default_engine
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"({n_prompts * K - done} sampled now" in res.stdout
 
