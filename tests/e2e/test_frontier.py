@@ -1,6 +1,7 @@
 """The asked format and the answer prior on the real engine with the tests' tiny model:
 a right answer outside the asked format is not kept, answer balance holds a skewed answer
-to its reference share, and the restate remedy raises the model's format share."""
+to its reference share, the restate remedy raises the model's format share, and an
+environment round moves each task's level by its hand-counted pass rate."""
 
 from __future__ import annotations
 
@@ -263,3 +264,117 @@ def _stop_rule(group: pl.DataFrame, cap: int, chunk: int) -> str | None:
     if group.head(chunk)["passed"].all():
         return "always"
     return None
+
+
+# the tiny model solves a few of the easiest questions of each (about 5 %) and none at
+# two digits; letter_counting starts one level up, the others at their easiest
+ENV_LEVELS = {
+    "chain_sum": [
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    ],
+    "basic_arithmetic": [
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    ],
+    "letter_counting": [
+        {"min_words": 1, "max_words": 2},
+        {"min_words": 2, "max_words": 3},
+        {"min_words": 3, "max_words": 5},
+    ],
+}
+START = {"chain_sum": 0, "basic_arithmetic": 0, "letter_counting": 1}
+
+
+def test_an_environment_round_moves_each_level_by_its_hand_counted_pass_rate(tiny_model, tmp_path):
+    """A bootstrap round on reasoning-gym prompts generated at each task's start level: the
+    next round's levels follow the pass rates counted by hand from the round's verdicts,
+    and no generated prompt is a held-out one (the held-out set shares the round's seed)."""
+    from thresher.config.env import round_dataset
+    from thresher.ingest.envs import EnvSpec, TaskSpec, generate_round, ingest_env, round_levels
+
+    # a lake of its own: the tiny model's answers quote the arithmetic eval questions of
+    # the module's lake, and decontamination would drop them
+    lake = Lake(tmp_path / "lake")
+
+    env = {
+        "per_round": 16,
+        "seed": 7,
+        "curriculum": {"low": 0.15, "high": 0.6},
+        "tasks": {t: {"start": START[t], "levels": levels} for t, levels in ENV_LEVELS.items()},
+    }
+    held = EnvSpec(tasks={"chain_sum": TaskSpec(config=ENV_LEVELS["chain_sum"][0])}, size=6, seed=7)
+    ingest_env(lake, "reasoning-gym", held, "env-held", split="eval")
+    cfg = BootstrapConfig.model_validate(
+        {
+            "name": "env",
+            "base_model": str(tiny_model),
+            "batch_size": 64,
+            "max_rounds": 1,
+            "min_gain": -1.0,
+            "prompts": {"dataset": "env"},
+            "environment": env,
+            "sampling": {"k": 6, "temperature": 1.0, "top_p": 1.0, "max_tokens": 24},
+            "engine": ENGINE,
+            "verify": {"verifiers": ["math"]},
+            # every passing answer trains: the tiny model solves about 5 % of these
+            "select": {
+                "cap": 6,
+                "near_dup": False,
+                "keep_truncated": True,
+                "decontaminate": {"exact": True},
+            },
+            "train": {
+                "method": "full",
+                "max_steps": 2,
+                "batch_size": 8,
+                "max_len": 224,
+                "eval_fraction": 0.0,
+            },
+            "eval": {"prompts": {"dataset": "env-held", "split": "eval"}, "n": 1, "ks": [1]},
+        }
+    )
+    run_bootstrap(cfg, lake.root, progress=False)
+    first = round_dataset("env", 0)
+    made = lake.query("SELECT task, prompt, meta FROM prompts WHERE dataset = ?", [first])
+    assert made.group_by("task").len().sort("task").rows() == sorted((t, 16) for t in ENV_LEVELS)
+    assert all(
+        json.loads(m)["level"] == START[t] for t, m in zip(made["task"], made["meta"], strict=True)
+    )
+    held_out = set(lake.query("SELECT prompt FROM prompts WHERE split = 'eval'")["prompt"])
+    assert not held_out & set(made["prompt"])
+    plans = generate_round(lake, cfg.environment, "env", "env", 0)  # again: nothing new
+    assert plans["chain_sum"]["held_out_clashes"] >= 6  # the held-out questions came up
+
+    counted = lake.query(
+        """SELECT p.task, count(*) FILTER (WHERE v.passed) AS passed, count(*) AS n
+           FROM candidates c JOIN prompts p USING (prompt_id)
+           JOIN verdicts v ON v.candidate_id = c.candidate_id AND v.verifier = 'math'
+           WHERE p.dataset = ? GROUP BY 1""",
+        [first],
+    )
+    rates = {r["task"]: r["passed"] / r["n"] for r in counted.to_dicts()}
+    assert set(rates) == set(ENV_LEVELS) and all(n == 16 * 6 for n in counted["n"].to_list())
+
+    def expected(task: str, rate: float, low: float, high: float) -> int:
+        top, start = len(ENV_LEVELS[task]) - 1, START[task]
+        return min(start + 1, top) if rate > high else max(start - 1, 0) if rate < low else start
+
+    second = generate_round(lake, cfg.environment, "env", "env", 1)
+    for task, rate in rates.items():
+        assert second[task]["level"] == expected(task, rate, 0.15, 0.6), (task, rate, second[task])
+    levels = lake.query(
+        "SELECT DISTINCT task, json_extract(meta, '$.level')::INT AS level FROM prompts "
+        "WHERE dataset = ?",
+        [round_dataset("env", 1)],
+    )
+    assert dict(levels.rows()) == {t: p["level"] for t, p in second.items()}
+    # the same round under bands either side of the most solved task's rate: one level
+    # harder above the band, one easier below it
+    task, rate = max(rates.items(), key=lambda kv: kv[1])
+    assert rate > 0
+    for (low, high), word in (((0.0, rate / 2), "harder"), ((rate + 0.01, 1.0), "easi")):
+        band = cfg.environment.curriculum.model_copy(update={"low": low, "high": high})
+        moved = cfg.environment.model_copy(update={"curriculum": band})
+        plan = round_levels(lake, moved, "env", "env", 1)[task]
+        assert plan["level"] == expected(task, rate, low, high) and word in plan["why"], plan
