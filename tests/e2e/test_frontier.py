@@ -343,7 +343,9 @@ def test_an_environment_round_moves_each_level_by_its_hand_counted_pass_rate(tin
     )
     held_out = set(lake.query("SELECT prompt FROM prompts WHERE split = 'eval'")["prompt"])
     assert not held_out & set(made["prompt"])
+    before = lake.count("prompts")
     plans = generate_round(lake, cfg.environment, "env", "env", 0)  # again: nothing new
+    assert lake.count("prompts") == before
     assert plans["chain_sum"]["held_out_clashes"] >= 6  # the held-out questions came up
 
     counted = lake.query(
