@@ -252,9 +252,17 @@ def run_program(code: str) -> NoReturn:
     except BaseException as e:
         status = 1
         try:
-            sys.stderr.write(f"\n{type(e).__name__}: {str(e)[:300]}\n")
+            import traceback
+
+            # as the interpreter prints it, from the candidate's own frames on
+            lines = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
+            last = f"{type(e).__name__}: {str(e)[:300]}"
+            sys.stderr.write("\n" + "".join(lines[:-1])[-1500:] + last + "\n")
         except BaseException:
-            pass
+            try:
+                sys.stderr.write(f"\n{type(e).__name__}: {str(e)[:300]}\n")
+            except BaseException:
+                pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -524,6 +532,8 @@ class Referee:
         try:
             if job["mode"] == "probe":
                 passed, reason = self.run_probe(job, deadline)
+            elif job["mode"] == "tool":
+                passed, reason = self.run_tool(job, deadline)
             elif job["mode"] == "stdio":
                 passed, reason = self.run_stdio(job, deadline)
             elif job["mode"] == "shared":
@@ -776,6 +786,35 @@ class Referee:
         if failed:
             return None, failed
         return out.decode("utf-8", "replace"), ""
+
+    # -- a tool call: the code's output, whatever it is, goes back to the model --------
+
+    def run_tool(self, job, deadline):
+        """Run the code as a program with no input; its stdout, stderr tail and error."""
+        limit = deadline_left(deadline)
+        pid, sock, errs = self.starter.spawn("stdio", self.limits)
+        start = time.monotonic()
+        try:
+            send_msg(sock, {"code": job["code"]})
+            out, err, what = pump(sock, errs, b"", self.cap, start + limit)
+        finally:
+            sock.close()
+            errs.close()
+        status = self.finish(pid) if what else self.wait_exit(pid, start + limit)
+        if what == "timeout" or status == "timeout":
+            why = f"time limit exceeded ({limit:g} s)"
+        elif what == "output":
+            why = f"output limit exceeded (over {self.cap} bytes)"
+        else:
+            why = runtime_error(status, err)
+        self.values = [
+            {
+                "stdout": out.decode("utf-8", "replace"),
+                "stderr": err.decode("utf-8", "replace"),
+                "error": why,
+            }
+        ]
+        return not why, why or "ran"
 
     # -- probes: what trusted code gives on new inputs ---------------------------------
 

@@ -61,9 +61,12 @@ class Job:
     entry_point: str | None = None
     prompt: str | None = None
     isolation: str = "referee"
+    tool: bool = False  # run the code with no tests: its output is the outcome's value
 
     @property
     def mode(self) -> str:
+        if self.tool:
+            return "tool"
         if isinstance(self.tests, dict):
             return "probe"
         if isinstance(self.tests, list) and self.tests and isinstance(self.tests[0], dict):
@@ -227,3 +230,35 @@ def run_jobs(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = pool.map(lambda c: _run_chunk(c, limits), chunks)
     return [o for part in results for o in part]
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one tool call printed: stdout, the stderr tail, and why it failed ('' if not)."""
+
+    stdout: str
+    stderr: str
+    error: str
+    elapsed_ms: float
+
+    @property
+    def status(self) -> str:
+        """ok, error or timeout."""
+        if not self.error:
+            return "ok"
+        return "timeout" if self.error.startswith("time limit") else "error"
+
+
+def run_code(
+    codes: list[str], limits: Limits | None = None, workers: int | None = None
+) -> list[ToolRun]:
+    """Run each code as a program in the sandbox, with nothing of the prompt's reference or
+    tests; what each printed, one per code, in order."""
+    runs = []
+    for outcome in run_jobs([Job(code, [], tool=True) for code in codes], limits, workers):
+        value = (outcome.values or [{}])[0] if outcome.values else {}
+        error = value.get("error", outcome.reason if not outcome.passed else "")
+        runs.append(
+            ToolRun(value.get("stdout", ""), value.get("stderr", ""), error, outcome.elapsed_ms)
+        )
+    return runs

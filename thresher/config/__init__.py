@@ -34,6 +34,7 @@ from thresher.config.engine import (
     RayConfig,
     SamplingConfig,
     ServerConfig,
+    ToolsConfig,
 )
 from thresher.config.env import CurriculumConfig, EnvironmentConfig, EnvTaskConfig
 from thresher.config.eval import (
@@ -94,6 +95,7 @@ __all__ = [
     "RayConfig",
     "RollbackConfig",
     "SamplingConfig",
+    "ToolsConfig",
     "SelectConfig",
     "ServerConfig",
     "StageConfig",

@@ -22,6 +22,49 @@ class PromptsConfig(_Strict):
     limit: int | None = Field(None, ge=1, description="at most this many prompts")
 
 
+class ToolsConfig(_Strict):
+    """A code tool the model may call while it answers: generation stops at the end of a code
+    block, the code runs in the code verifier's sandbox, its output is appended and the
+    model goes on."""
+
+    counted_at_default = frozenset(
+        {"open", "close", "output", "max_calls", "max_total_tokens", "output_chars"}
+        | {"timeout_s", "memory_mb"}
+    )
+
+    open: str = Field("```python", description="what starts a code block the tool runs")
+    close: str = Field("```", description="what ends it (the code runs when the model writes it)")
+    output: str = Field(
+        "\n```output\n{output}\n```\n",
+        description="how the tool's output is appended ({output}: what the code printed, "
+        "or its error as the interpreter prints it)",
+    )
+    max_calls: int = Field(
+        4, ge=1, description="code runs per candidate; opening one more ends it (max_calls)"
+    )
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="tokens after the prompt, the tool's output included, checked before each "
+        "step (then the candidate ends: budget); the model's own tokens stay within "
+        "sampling.max_tokens over all its turns",
+    )
+    output_chars: int = Field(1000, ge=16, description="longest output appended (then cut)")
+    timeout_s: float = Field(5.0, gt=0, description="time one code run may take")
+    memory_mb: int = Field(512, ge=64, description="memory one code run may take")
+    workers: int | None = never(
+        default=None, ge=1, description="sandboxes running code at once (default: every CPU)"
+    )
+
+    @model_validator(mode="after")
+    def _output_has_slot(self) -> ToolsConfig:
+        if "{output}" not in self.output:
+            raise ValueError("tools.output must contain {output}, where the tool's output goes")
+        if not self.open or not self.close:
+            raise ValueError("tools.open and tools.close must not be empty")
+        return self
+
+
 class SamplingConfig(_Strict):
     """How candidates are sampled (k per prompt)."""
 
@@ -53,6 +96,10 @@ class SamplingConfig(_Strict):
         description="sample k in chunks of this many, verifying between them: a prompt stops "
         "once it has select.cap distinct passing answers, or (with select.max_pass_rate) "
         "once its first chunk all passed; unset: k at once",
+    )
+
+    tools: ToolsConfig | None = Field(
+        None, description="let the model run code while it answers (off when unset)"
     )
 
     @model_validator(mode="after")
