@@ -95,6 +95,7 @@ def candidate_rows(
                     "text": c.text,
                     "n_tokens": c.n_tokens,
                     "finish_reason": c.finish_reason,
+                    "segments": _dumps(list(c.segments)) if c.segments else None,
                     "hinted": hinted,
                     "batch_id": batch_id,
                     "created_at": stamp,

@@ -33,12 +33,23 @@ class Sampler:
             max_tokens=sampling.max_tokens,
             stop=sampling.stop,
         )
+        self.tools = sampling.tools
 
     def sample(
         self, prompts: Sequence[str | None], messages: Sequence[str | None], n: int
     ) -> list[list[Completion]]:
-        """n completions for each prompt (messages win over the prompt text when set)."""
-        return self.generate(prompts, self.as_messages(prompts, messages), n)
+        """n completions for each prompt (messages win over the prompt text when set); with
+        `sampling.tools`, each calling the code tool as it goes."""
+        messages = self.as_messages(prompts, messages)
+        if self.tools is not None:
+            return self.generate_with_tools(prompts, messages, n)
+        return self.generate(prompts, messages, n)
+
+    def generate_with_tools(
+        self, prompts: Sequence[str | None], messages: Sequence[str | None], n: int
+    ) -> list[list[Completion]]:
+        """The backend's n completions per prompt, the tool's output appended as they go."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sample with a tool")
 
     def as_messages(
         self, prompts: Sequence[str | None], messages: Sequence[str | None]
@@ -125,6 +136,22 @@ class LocalEngine(Sampler):
         rendered = render_prompts(llm, list(prompts), list(messages))
         return sample(llm, rendered, k=n, lora=self.lora, **self.params)
 
+    def generate_with_tools(self, prompts, messages, n):
+        from thresher.samplers.tools import engine_step, sample_with_tools
+        from thresher.samplers.vllm_offline import render_prompts
+
+        llm = self.engine()
+        rendered = render_prompts(llm, list(prompts), list(messages))
+        p = self.params
+        return sample_with_tools(
+            engine_step(llm, rendered, p, self.lora),
+            len(rendered),
+            n,
+            self.tools,
+            max_tokens=p["max_tokens"],
+            stop=p["stop"],
+        )
+
     def too_long(self, prompts, messages):
         llm = self.engine()
         tokenizer = llm.get_tokenizer()
@@ -170,6 +197,27 @@ class ServerSampler(Sampler):
             **self.params,
         )
 
+    def generate_with_tools(self, prompts, messages, n):
+        from thresher.samplers.openai_server import server_step
+        from thresher.samplers.tools import sample_with_tools
+
+        srv, p = self.server, self.params
+        step = server_step(
+            srv.base_url,
+            self.model,
+            list(prompts),
+            list(messages),
+            concurrency=srv.concurrency,
+            retries=srv.retries,
+            timeout=srv.timeout_s,
+            api_key=os.environ.get(srv.api_key_env) if srv.api_key_env else None,
+            vllm_extensions=srv.vllm_extensions,
+            **p,
+        )
+        return sample_with_tools(
+            step, len(prompts), n, self.tools, max_tokens=p["max_tokens"], stop=p["stop"]
+        )
+
 
 class RayPool(Sampler):
     """Long-lived engines on a Ray cluster (started on first use); one batch per engine in
@@ -191,6 +239,13 @@ class RayPool(Sampler):
 
         pool = engine_pool(self.ray, self.engine_kwargs)
         return pool.sample(prompts, messages, n, self.params, self.lora)
+
+    def generate_with_tools(self, prompts, messages, n):
+        from thresher.samplers.ray_pool import engine_pool
+
+        # the whole loop runs beside its engine, the code in that node's sandbox
+        pool = engine_pool(self.ray, self.engine_kwargs)
+        return pool.sample(prompts, messages, n, self.params, self.lora, self.tools)
 
     def is_up(self) -> bool:
         from thresher.samplers.ray_pool import current_pool

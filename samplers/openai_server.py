@@ -149,3 +149,70 @@ def sample_server(
             api_key,
         )
     )
+
+
+def server_step(
+    base_url: str,
+    model: str,
+    prompts: list[str | None],
+    messages: list[Any],
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int = 0,
+    concurrency: int = 16,
+    retries: int = 5,
+    backoff: float = 0.5,
+    timeout: float = 600.0,
+    api_key: str | None = None,
+    vllm_extensions: bool = True,
+    **_: Any,
+):
+    """A tool loop's `StepFn` on a server: a chat prompt goes on from its text so far as
+    the assistant's unfinished turn (vLLM's `continue_final_message`), a plain one as its
+    prompt plus that text."""
+    from thresher.samplers.tools import Step, StepOut
+
+    base = base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def run(requests: list[Step]) -> list[list[StepOut]]:
+        import httpx
+
+        limit = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+
+            async def one(r: Step) -> list[StepOut]:
+                body: dict[str, Any] = {
+                    "model": model,
+                    "n": r.n,
+                    "temperature": temperature,
+                    "top_p": top_p,
+                    "max_tokens": r.max_tokens,
+                    "stop": r.stop,
+                }
+                if vllm_extensions:
+                    body |= {"return_token_ids": True, "include_stop_str_in_output": True}
+                    if top_k:
+                        body["top_k"] = top_k
+                msgs = messages[r.prompt]
+                if msgs is not None:
+                    msgs = json.loads(msgs) if isinstance(msgs, str) else list(msgs)
+                    if r.prefix:
+                        msgs = [*msgs, {"role": "assistant", "content": r.prefix}]
+                        body |= {"continue_final_message": True, "add_generation_prompt": False}
+                    body["messages"], url = msgs, f"{base}/chat/completions"
+                else:
+                    body["prompt"], url = (
+                        (prompts[r.prompt] or "") + r.prefix,
+                        f"{base}/completions",
+                    )
+                async with limit:
+                    payload = await _post(client, url, body, retries=retries, backoff=backoff)
+                got = _choices(payload, r.n, msgs is not None)
+                context = (payload.get("usage") or {}).get("prompt_tokens")
+                return [StepOut(c.text, c.n_tokens or 0, c.finish_reason, context) for c in got]
+
+            return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    return lambda requests: asyncio.run(run(requests))

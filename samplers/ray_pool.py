@@ -39,10 +39,19 @@ class _EngineActor:
     def ready(self) -> bool:
         return True
 
-    def sample(self, prompts, messages, k: int, params: dict[str, Any], lora: str | None):
+    def sample(
+        self, prompts, messages, k: int, params: dict[str, Any], lora: str | None, tools=None
+    ):
         from thresher.samplers.vllm_offline import render_prompts, sample
 
         rendered = render_prompts(self.llm, prompts, messages)
+        if tools is not None:
+            from thresher.samplers.tools import engine_step, sample_with_tools
+
+            step = engine_step(self.llm, rendered, params, lora)
+            return sample_with_tools(
+                step, len(rendered), k, tools, max_tokens=params["max_tokens"], stop=params["stop"]
+            )
         return sample(self.llm, rendered, k=k, lora=lora, **params)
 
 
@@ -74,13 +83,17 @@ class EnginePool:
     def size(self) -> int:
         return len(self.actors)
 
-    def sample(self, prompts, messages, k: int, params: dict[str, Any], lora: str | None):
-        """k completions per prompt from the first engine that is free."""
+    def sample(
+        self, prompts, messages, k: int, params: dict[str, Any], lora: str | None, tools=None
+    ):
+        """k completions per prompt from the first engine that is free (with `tools`, each
+        calling the code tool as it goes)."""
         import ray
 
         i = self._idle.get()
         try:
-            out = ray.get(self.actors[i].sample.remote(prompts, messages, k, params, lora))
+            call = self.actors[i].sample.remote(prompts, messages, k, params, lora, tools)
+            out = ray.get(call)
             self.batches[i] += 1
             return out
         finally:

@@ -25,7 +25,8 @@ class Completion:
 
     text: str
     n_tokens: int | None  # None when a server does not report it
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; with a tool also "max_calls" or "budget"
+    segments: tuple[dict, ...] | None = None  # with a tool: text, code and output segments
 
 
 _KV_SET: dict[str, str | None] = {"value": None}  # the KV cache size this module chose
@@ -248,13 +249,16 @@ def sample(
         stop=stop or None,
         include_stop_str_in_output=True,  # "</answer>" ends the answer; it stays part of it
     )
-    request = None
-    if lora:
-        from vllm.lora.request import LoRARequest
-
-        request = LoRARequest(Path(lora).name, _lora_int_id(lora), str(Path(lora).resolve()))
+    request = lora_request(lora) if lora else None
     outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=request)
     return [[_completion(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outputs]
+
+
+def lora_request(lora: str):
+    """vLLM's request to apply the adapter in folder `lora`."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(Path(lora).name, _lora_int_id(lora), str(Path(lora).resolve()))
 
 
 def _lora_int_id(path: str) -> int:
