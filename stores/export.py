@@ -13,7 +13,7 @@ from thresher.stores.schemas import DropReason
 # round); a candidate two pipelines kept is exported once.
 KEPT_SQL = """
 SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS completion,
-       coalesce(c.hinted, false) AS hinted, p.task, p.dataset,
+       coalesce(c.hinted, false) AS hinted, p.task, p.dataset, c.segments,
        (SELECT max(v.answer) FROM verdicts v WHERE v.candidate_id = c.candidate_id) AS answer,
        (SELECT bool_and(v.passed) FROM verdicts v
         WHERE v.candidate_id = c.candidate_id AND v.verifier = 'answer_format') AS in_format
@@ -58,11 +58,20 @@ def sft_rows(
     """SFT rows (messages, prompt, completion, ids) of a round's kept candidates
     (only those pipeline `name` curated, when given); with `restate_format` (a tag), an
     answer outside the format its prompt asks for ends with its answer restated in it."""
+    from thresher.segments import tool_spans
+
     rows = []
     for r in _kept(lake, round_, all_rounds, name):
         completion, restated = r["completion"], False
         if restate_format:
             completion, restated = restate(r, restate_format)
+        # what a code tool wrote: context in training, never a target (only rows that have it
+        # carry the key, so the training rows of a lake without tools stay as they were)
+        spans = [
+            [a, min(b, len(completion))]
+            for a, b in tool_spans(r["completion"], r["segments"])
+            if a < len(completion)
+        ]
         rows.append(
             {
                 "messages": [*_messages(r), {"role": "assistant", "content": completion}],
@@ -73,9 +82,24 @@ def sft_rows(
                 "round": r["round"],
                 "hinted": r["hinted"],
                 **({"restated": restated} if restate_format else {}),
+                **({"tool_spans": spans} if spans else {}),
             }
         )
     return rows
+
+
+def tool_turns(messages: list[dict], completion: str, spans: list[list[int]]) -> list[dict]:
+    """The conversation with a tool-calling answer as turns: the model's text as assistant
+    messages, each tool output as a `tool` message between them."""
+    out, at = list(messages[:-1]), 0
+    for a, b in spans:
+        if completion[at:a]:
+            out.append({"role": "assistant", "content": completion[at:a]})
+        out.append({"role": "tool", "content": completion[a:b]})
+        at = b
+    if completion[at:]:
+        out.append({"role": "assistant", "content": completion[at:]})
+    return out
 
 
 def restate(row: dict, tag: str) -> tuple[str, bool]:
@@ -120,6 +144,14 @@ def export_round(
         raise ExportError(f"round {round_} has no kept candidates in {lake.root}")
     if fmt == "sft":
         rows = sft_rows(lake, round_, all_rounds, name)
+        if any("tool_spans" in r for r in rows):
+            # trainers read the tool's outputs as `tool` turns: context, not targets (TRL's
+            # assistant-only loss, open-instruct's mask_tool_use); tool_spans says the same
+            # of `completion`, character by character
+            for r in rows:
+                spans = r.setdefault("tool_spans", [])
+                r["messages"] = tool_turns(r["messages"], r["completion"], spans)
+                r["loss_mask"] = "assistant turns only; tool turns and tool_spans are context"
     elif fmt == "dpo":
         failed: dict[str, list[dict]] = {}
         failed_rows = lake.query(FAILED_SQL.format(op=op), {"round": round_, "name": name})

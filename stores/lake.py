@@ -276,6 +276,27 @@ ORDER BY pipeline, round, started_at, i"""
 # Views built on the base tables: the everyday questions, answered in SQL.
 WEAK_KILL_RATE = 0.8  # the weak_prompts view's line (select.min_test_strength sets its own)
 
+# One row per tool call of a candidate that ran code (`sampling.tools`): its code, what
+# came back, how (ok, error, timeout) and how long it took; each output follows its code.
+TOOL_CALLS_SQL = """
+SELECT candidate_id, prompt_id, run_id, round, model, call,
+       json_extract_string(seg, '$.code') AS code,
+       json_extract_string(out, '$.output') AS output,
+       json_extract_string(out, '$.status') AS status,
+       json_extract(out, '$.ms')::DOUBLE AS ms
+FROM (
+    SELECT c.*, s.seg, s.i,
+           lead(s.seg) OVER (PARTITION BY c.candidate_id ORDER BY s.i) AS out,
+           count(*) FILTER (WHERE json_extract_string(s.seg, '$.kind') = 'code')
+               OVER (PARTITION BY c.candidate_id ORDER BY s.i) AS call
+    FROM (SELECT candidate_id, prompt_id, run_id, round, model, segments FROM candidates
+          WHERE segments IS NOT NULL) c,
+         LATERAL (SELECT unnest(json_extract(c.segments, '$[*]')) AS seg,
+                         generate_subscripts(json_extract(c.segments, '$[*]'), 1) AS i) s)
+WHERE json_extract_string(seg, '$.kind') = 'code'
+  AND json_extract_string(out, '$.kind') = 'output'
+ORDER BY candidate_id, call"""
+
 DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
     # One row per candidate: passed when it has verdicts and every verifier passed it
@@ -291,6 +312,17 @@ DERIVED_VIEWS = {
                count(*) FILTER (WHERE passed) AS passed,
                avg(passed::INT) AS pass_rate
         FROM candidate_outcomes GROUP BY prompt_id, round""",
+    "tool_calls": TOOL_CALLS_SQL,
+    # per candidate that could call the tool: calls made, errors, time in the tool, and
+    # whether it passed (which prompts the tool helped: SQL over this and pass_rate)
+    "tool_use": """
+        SELECT c.candidate_id, c.prompt_id, c.round, c.model, c.finish_reason,
+               count(t.call) AS calls,
+               count(t.call) FILTER (WHERE t.status <> 'ok') AS tool_errors,
+               coalesce(sum(t.ms), 0) AS tool_ms, o.passed
+        FROM candidates c LEFT JOIN tool_calls t USING (candidate_id)
+        JOIN candidate_outcomes o USING (candidate_id)
+        WHERE c.segments IS NOT NULL GROUP BY ALL""",
     "funnel": """
         SELECT round, coalesce(split_part(drop_reason, ':', 1), 'kept') AS outcome,
                count(*) AS candidates

@@ -184,7 +184,7 @@ def candidates_to_verify(
         _with_ids(con, "cands", "candidate_id", candidate_ids)
         return con.sql(
             """SELECT c.candidate_id, c.prompt_id, c.text, c.finish_reason, c.n_tokens,
-                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
+                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta, c.segments
                FROM candidates c JOIN cands USING (candidate_id) JOIN prompts p USING (prompt_id)
                WHERE NOT EXISTS (SELECT 1 FROM verdicts v
                                  WHERE v.candidate_id = c.candidate_id AND v.verifier = ?
@@ -213,7 +213,7 @@ def prompts_to_verify(
                                AS missing
                    FROM candidates c JOIN cands USING (candidate_id))
                SELECT b.candidate_id, b.prompt_id, b.text, b.finish_reason, b.n_tokens,
-                      coalesce(b.hinted, false) AS hinted, b.missing,
+                      coalesce(b.hinted, false) AS hinted, b.missing, b.segments,
                       p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
                FROM batch b JOIN prompts p USING (prompt_id)
                WHERE b.prompt_id IN (SELECT prompt_id FROM batch WHERE missing)

@@ -70,6 +70,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("hinted", pa.bool_()),
             ("batch_id", pa.string()),
             ("created_at", TS),
+            # with a tool: JSON list of the model's text, its code and the tool's outputs
+            ("segments", pa.string()),
         ]
     ),
     "verdicts": pa.schema(

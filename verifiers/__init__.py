@@ -113,8 +113,8 @@ def portable_name(name: str) -> str:
 
 
 def traits(name: str) -> dict[str, Any]:
-    """A verifier's version, uses_device, ranks, groups, uses_reference and operational
-    options."""
+    """A verifier's version, uses_device, ranks, groups, uses_reference, reads_tool_output
+    and operational options."""
     cls = verifier_class(name)
     return {
         "version": cls.version,
@@ -122,6 +122,7 @@ def traits(name: str) -> dict[str, Any]:
         "ranks": cls.ranks,
         "groups": cls.groups,
         "uses_reference": cls.uses_reference,
+        "reads_tool_output": cls.reads_tool_output,
         "operational": frozenset(cls.operational),
     }
 

@@ -30,6 +30,9 @@ class Verifier:
     # judges against the prompt's own reference (answer or tests): a truth the loop being
     # trained cannot move, so it may decide held-out metrics
     uses_reference: ClassVar[bool] = False
+    # reads what a code tool printed (a candidate's tool outputs); otherwise it reads the
+    # candidate without them, so an answer counts only where the model itself states it
+    reads_tool_output: ClassVar[bool] = False
     # options of how it runs, not what it finds: left out of its verdicts' digest
     operational: ClassVar[frozenset[str]] = frozenset()
 

@@ -67,6 +67,7 @@ class RewardModel(Verifier):
 
     name = "reward"
     uses_device = True
+    reads_tool_output = True  # it scores the whole candidate, the reasoning it ran included
     ranks = True
     operational = frozenset({"batch_size"})
 

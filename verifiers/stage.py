@@ -31,7 +31,7 @@ def verify_batch(
         with_strengthened_tests,
     )
     from thresher.stores.tables import write_verdicts
-    from thresher.verifiers import get_verifier, runner_for
+    from thresher.verifiers import get_verifier, runner_for, traits
 
     run_verifier = runner_for(cfg)
     written = 0
@@ -49,6 +49,8 @@ def verify_batch(
             continue
         if name == "code" and plan.tests_suite == "strengthened":
             todo = with_strengthened_tests(lake, todo)
+        if not traits(name)["reads_tool_output"]:
+            todo = without_tool_output(todo)
         if spec.uses_device:
             # a model on the accelerator: scored here, one stage at a time
             with device_slot(name) if device_slot else nullcontext():
@@ -62,3 +64,19 @@ def verify_batch(
             verdicts = verdicts.filter(pl.col("candidate_id").is_in(missing))
         written += write_verdicts(lake, verdicts, spec.digest, plan.run_id)
     return written
+
+
+def without_tool_output(batch):
+    """The batch with each candidate's text as the model wrote it: a code tool's outputs
+    left out (a printed reference is not the model's answer)."""
+    import polars as pl
+
+    from thresher.segments import model_text
+
+    if "segments" not in batch.columns or batch["segments"].null_count() == batch.height:
+        return batch
+    texts = [
+        model_text(t, s)
+        for t, s in zip(batch["text"].to_list(), batch["segments"].to_list(), strict=True)
+    ]
+    return batch.with_columns(pl.Series("text", texts, dtype=pl.String))
