@@ -35,6 +35,7 @@ HEAVY_FIXTURES = {
     "browser": "browser",
     # loads or trains the tiny Llama with torch (test_distributed launches torchrun too)
     "tiny_model": "model",
+    "tool_model": "model",
 }
 HEAVY_MARKERS = ("engine", "server", "browser", "model")
 E2E = Path(__file__).resolve().parent / "e2e"
@@ -110,6 +111,21 @@ def tiny_model() -> Path:
     if not (out / "config.json").exists():
         tmp = out.with_name(out.name + ".tmp")
         tiny.make_tiny_model(tmp, train_steps=steps)
+        tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tool_model() -> Path:
+    """The tiny Llama that asks a Python tool for two-digit arithmetic (`make_tool_model`),
+    built once and cached by source hash."""
+    from thresher.trainers import tiny
+
+    digest = hashlib.sha256(Path(tiny.__file__).read_bytes() + b"tool").hexdigest()
+    out = ROOT / ".cache" / f"tool-model-{digest[:12]}"
+    if not (out / "config.json").exists():
+        tmp = out.with_name(out.name + ".tmp")
+        tiny.make_tool_model(tmp)
         tmp.rename(out)
     return out
 

@@ -52,14 +52,15 @@ def _split_row(row: dict[str, Any]) -> tuple[list[dict] | None, str | None, str]
 
 def encode(row: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids) exactly as sampling sees them, the answer ending in EOS."""
-    prompt_ids, answer_ids, _ = encode_checked(row, tokenizer)
+    prompt_ids, answer_ids, _, _ = encode_checked(row, tokenizer)
     return prompt_ids, answer_ids
 
 
 def encode_checked(
     row: dict[str, Any], tokenizer: PreTrainedTokenizerBase
-) -> tuple[list[int], list[int], bool]:
-    """encode(), and whether the answer fell back to its raw text.
+) -> tuple[list[int], list[int], bool, list[int] | None]:
+    """encode(), whether the answer fell back to its raw text, and the answer's labels where
+    they differ from its ids (-100 on a code tool's output; None: every answer token).
 
     The answer is the rendered conversation minus the rendered prompt. A template that
     renders earlier turns differently once the answer is added (one that strips earlier
@@ -79,17 +80,44 @@ def encode_checked(
     else:
         answer_text = answer
         prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+    answer_ids, labels = _answer_tokens(row, tokenizer, answer, answer_text)
     eos = tokenizer.eos_token_id
     if eos is not None and (not answer_ids or answer_ids[-1] != eos):
-        answer_ids = [*answer_ids, eos]
-    return prompt_ids, answer_ids, fell_back
+        answer_ids, labels = [*answer_ids, eos], [*labels, eos]
+    row_labels = labels if labels != answer_ids else None
+    return prompt_ids, answer_ids, fell_back, row_labels
+
+
+def _answer_tokens(
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, answer: str, answer_text: str
+) -> tuple[list[int], list[int]]:
+    """The answer's ids and labels: -100 on every token that holds a character a code tool
+    wrote (the row's `tool_spans` of its completion): context, never a target."""
+    spans = row.get("tool_spans")
+    if not spans:
+        ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+        return ids, list(ids)
+    at = answer_text.find(answer)
+    if at < 0:
+        raise ValueError("tool output not maskable: the answer is not in its rendering")
+    try:
+        enc = tokenizer(answer_text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise ValueError("tool output not maskable: needs a fast tokenizer (offsets)") from None
+    tool = [(at + a, at + b) for a, b in spans]
+    ids = enc["input_ids"]
+    labels = [
+        IGNORE if any(start < b and end > a for a, b in tool) else t
+        for t, (start, end) in zip(ids, enc["offset_mapping"], strict=True)
+    ]
+    return ids, labels
 
 
 def build_examples(
     rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_len: int
 ) -> tuple[list[dict[str, list[int]]], BuildReport]:
-    """input_ids and labels (-100 on prompt tokens) for each row that keeps an answer.
+    """input_ids and labels (-100 on prompt tokens and on a code tool's output) for each row
+    that keeps an answer.
 
     Longer rows keep their whole prompt and lose the end of the answer; a row whose
     prompt alone fills `max_len` is skipped and counted, never trained on. Examples whose
@@ -99,25 +127,26 @@ def build_examples(
     out = []
     for row in rows:
         try:
-            prompt_ids, answer_ids, fell_back = encode_checked(row, tokenizer)
+            prompt_ids, answer_ids, fell_back, labels = encode_checked(row, tokenizer)
         except (ValueError, KeyError, TypeError) as e:
             report.skipped[f"malformed: {e}"] += 1
             continue
         if not answer_ids:
             report.skipped["empty answer"] += 1
             continue
+        labels = answer_ids if labels is None else labels
         if len(prompt_ids) >= max_len:
             report.skipped["prompt fills max_len"] += 1
             continue
         room = max_len - len(prompt_ids)
         if len(answer_ids) > room:
-            answer_ids = answer_ids[:room]
+            answer_ids, labels = answer_ids[:room], labels[:room]
             report.truncated += 1
         report.fallback_examples += fell_back
         out.append(
             {
                 "input_ids": prompt_ids + answer_ids,
-                "labels": [IGNORE] * len(prompt_ids) + answer_ids,
+                "labels": [IGNORE] * len(prompt_ids) + labels,
             }
         )
     report.examples = len(out)
