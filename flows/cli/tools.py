@@ -152,17 +152,18 @@ def tiny_model(
         typer.Option(
             help="arithmetic: single-digit sums and products (the tests' model); "
             "word-problems: the bootstrap demo's base model (arithmetic facts + 100 worked "
-            "word problems)."
+            "word problems); tool-problems: a model that asks a Python tool for two-digit "
+            "sums, differences and products (400 worked problems)."
         ),
     ] = "arithmetic",
     train_steps: Annotated[
         int | None,
-        typer.Option(help="Steps of training (0: random weights) [default: 150 / 300]."),
+        typer.Option(help="Steps of training (0: random weights) [default: 150 / 300 / 500]."),
     ] = None,
     seed: int = 0,
 ) -> None:
     """Build a tiny local Llama model (about 0.4 M parameters) for trying thresher out."""
-    from thresher.trainers.tiny import make_tiny_model, make_word_problem_model
+    from thresher.trainers.tiny import make_tiny_model, make_tool_model, make_word_problem_model
 
     if task == "arithmetic":
         path = make_tiny_model(
@@ -171,8 +172,11 @@ def tiny_model(
     elif task == "word-problems":
         steps = 300 if train_steps is None else train_steps
         path = make_word_problem_model(out, train_steps=steps, seed=seed)
+    elif task == "tool-problems":
+        steps = 500 if train_steps is None else train_steps
+        path = make_tool_model(out, train_steps=steps, seed=seed)
     else:
-        fail(f"--task must be arithmetic or word-problems, got {task!r}")
+        fail(f"--task must be arithmetic, word-problems or tool-problems, got {task!r}")
     typer.echo(f"tiny model written to {path}")
 
 
