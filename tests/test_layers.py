@@ -1,6 +1,6 @@
 """The layering: work packages never import `flows`, and only reach each other through
 tables (`stores`) and the shared modules (`thresher.config`, `.ids`, `.cluster`,
-`.intervals`, `.rules`); flows only orchestrate: they call stages, never a table writer
+`.intervals`, `.rules`, `.sandbox`); flows only orchestrate: they call stages, never a table writer
 or SQL; the shared modules import no work package."""
 
 import ast

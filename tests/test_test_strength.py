@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from thresher.config import SelectConfig
 from thresher.flows.cli import app
 from thresher.ingest.load import ingest
+from thresher.sandbox import Limits
 from thresher.selection.select import decide
 from thresher.verifiers.mutants import (
     call_inputs,
@@ -21,7 +22,6 @@ from thresher.verifiers.mutants import (
     mutate_inputs,
     mutate_stdin,
 )
-from thresher.verifiers.sandbox import Limits
 from thresher.verifiers.strength import audit_dataset, audit_problems, problem_of, rows_of
 
 DATA = Path(__file__).parent / "data" / "code-audit"

@@ -10,8 +10,8 @@ import pytest
 
 from thresher.config import ToolsConfig
 from thresher.samplers.tools import Step, StepOut, sample_with_tools, tool_output
+from thresher.sandbox import run_code
 from thresher.segments import model_text, tool_spans
-from thresher.verifiers.sandbox import run_code
 
 TOOLS = ToolsConfig(timeout_s=2, max_calls=2)
 

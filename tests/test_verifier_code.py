@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from thresher.sandbox import Job, Limits, bwrap_path, run_jobs
 from thresher.verifiers.code import BadTests, UnitTests, build_job, extract_code, parse_tests
-from thresher.verifiers.sandbox import Job, Limits, bwrap_path, run_jobs
 
 TESTS = ["assert square(2) == 4", "assert square(3) == 9"]
 GOOD = "def square(x):\n    return x * x\n"
@@ -418,7 +418,7 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(humaneval):
 
 
 def test_without_bubblewrap_it_warns_once_and_still_checks(monkeypatch):
-    from thresher.verifiers import sandbox
+    from thresher import sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
     monkeypatch.setitem(sandbox._WARNED, "done", False)

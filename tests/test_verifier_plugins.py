@@ -110,6 +110,7 @@ def test_its_traits_default(mypkg):
             "ranks": False,
             "groups": False,
             "uses_reference": False,
+            "reads_tool_output": False,
             "operational": frozenset(),
         }
     )
@@ -249,7 +250,7 @@ def test_the_verify_command_runs_it(mypkg):
 
 def test_built_in_options_match_their_constructors():
     """Each built-in's Options has its constructor's keywords, with the same defaults."""
-    from thresher.verifiers.sandbox import Limits
+    from thresher.sandbox import Limits
 
     for name, cls in registry().items():
         if not cls.__module__.startswith("thresher.verifiers."):

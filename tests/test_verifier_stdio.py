@@ -5,8 +5,8 @@ import json
 import polars as pl
 import pytest
 
+from thresher.sandbox import Job, Limits, run_jobs
 from thresher.verifiers.code import UnitTests
-from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 # The problem: the first line is n, the second n integers; print their sum.
 TESTS = [

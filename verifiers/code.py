@@ -10,8 +10,8 @@ from typing import Literal
 import polars as pl
 from pydantic import Field
 
+from thresher.sandbox import Job, Limits, run_jobs
 from thresher.verifiers.base import Verdict, Verifier, verdict_frame
-from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 ISOLATIONS = ("referee", "shared")

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from thresher.verifiers import harness
+from thresher import harness
+from thresher.sandbox import Job, Limits, run_jobs
 from thresher.verifiers.code import BadTests, build_job, parse_tests
 from thresher.verifiers.mutants import (
     assert_line,
@@ -30,7 +31,6 @@ from thresher.verifiers.mutants import (
     mutate_stdin,
     named_calls,
 )
-from thresher.verifiers.sandbox import Job, Limits, run_jobs
 
 if TYPE_CHECKING:
     from thresher.stores.lake import Lake
