@@ -151,6 +151,17 @@ def eval_cmd(
             help="A string that ends an answer, kept in it (repeatable; e.g. '</answer>')."
         ),
     ] = None,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="Let the model run Python while it answers: a ```python block is run in the "
+            "code verifier's sandbox and its output appended (sampling.tools' defaults).",
+        ),
+    ] = False,
+    max_calls: Annotated[
+        int | None, typer.Option(help="With --tools: code runs per candidate (default 4).")
+    ] = None,
     round_: Annotated[int, typer.Option("--round", help="Round this model belongs to.")] = 0,
     limit: Annotated[int | None, typer.Option(help="At most this many prompts.")] = None,
     dtype: Annotated[str, typer.Option(help="Engine dtype.")] = "auto",
@@ -170,6 +181,9 @@ def eval_cmd(
 
     from thresher.config import EvalConfig
 
+    if max_calls is not None and not tools:
+        fail("--max-calls needs --tools", code=2)
+    tool_cfg = ({"max_calls": max_calls} if max_calls is not None else {}) if tools else None
     try:
         cfg = EvalConfig(
             model=model,
@@ -182,6 +196,7 @@ def eval_cmd(
                 "temperature": temperature,
                 "max_tokens": max_tokens,
                 "stop": stop or [],
+                "tools": tool_cfg,
             },
             engine={"dtype": dtype, "max_model_len": max_model_len},
             verify={"verifiers": verifier or ["math"]},
