@@ -138,7 +138,7 @@ def _plot_passk(
     fig = _figure()
     ax = fig.add_subplot()
     rounds = evals["round"].to_list()
-    for metric in evals.columns[1:]:
+    for metric in [c for c in evals.columns[1:] if not c.startswith("tool ")]:
         # the answer prior is a property of the held-out set: a reference line, not a model's
         style = {"linestyle": "--", "color": "grey"} if metric == "constant-answer" else {}
         ax.plot(rounds, evals[metric].to_list(), marker="o", label=metric, **style)
@@ -591,6 +591,42 @@ def _answers_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     ]
 
 
+def _tools_section(lake: Lake, name: str | None, out: Path) -> list[str]:
+    """Per round, when the held-out candidates could run code: calls per candidate, the
+    tool's error rate, and the share of all and of passing candidates that used it."""
+    evals = eval_by_round(lake, name)
+    cols = [c for c in evals.columns if c.startswith("tool ")]
+    if not cols:
+        (out / "tools.png").unlink(missing_ok=True)
+        return []
+    table = evals.select("round", *(c for c in evals.columns if c == "pass@1"), *cols)
+    fig = _figure()
+    ax = fig.add_subplot()
+    rounds = table["round"].to_list()
+    for metric in (c for c in cols if c != "tool calls"):
+        ax.plot(rounds, table[metric].to_list(), marker="o", label=metric)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share")
+    if "tool calls" in cols:
+        calls = ax.twinx()
+        calls.plot(rounds, table["tool calls"].to_list(), marker="s", color="k",
+                   linestyle="--", label="tool calls (right)")  # fmt: skip
+        calls.set_ylabel("code runs per candidate")
+        calls.set_ylim(bottom=0)
+        calls.legend(loc="lower right", fontsize="small")
+    ax.set_title("Tool use of held-out candidates per round")
+    picture = _rounds_picture(fig, ax, table, out / "tools.png", "Tool use per round")
+    return [
+        "<h2>Tool use</h2>",
+        "<p>Held-out candidates that could run code (<code>sampling.tools</code>): code runs "
+        "per candidate, the share of runs that failed or timed out, and the share of all and "
+        "of passing candidates that ran code at least once. The tool's output is context, "
+        "never a training target. <code>SELECT * FROM tool_calls</code> lists every run.</p>",
+        picture,
+        _html_table(table.with_columns(cs.float().round(3))),
+    ]
+
+
 def _mix_section(lake: Lake, name: str | None) -> list[str]:
     """Each model's training mix (train.mix), when one was used."""
     from thresher.evaluators.report import training_mix
@@ -725,6 +761,7 @@ def _page(
         *_task_section(lake, name, out),
         *_frontier_section(lake, name, out),
         *_answers_section(lake, name, out),
+        *_tools_section(lake, name, out),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',

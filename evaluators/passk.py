@@ -106,6 +106,61 @@ def prior_metrics(counts: pl.DataFrame) -> list[dict]:
     return out
 
 
+def tool_metrics(
+    lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
+) -> list[dict]:
+    """Per task and overall, for candidates that could call the tool: `tool calls` (code
+    runs per candidate), `tool errors` (the share of runs that failed or timed out), `tool
+    used` (the share of candidates that ran code) and `tool used | passed` (the same among
+    the candidates that passed by `rule`)."""
+    import json
+
+    import pyarrow as pa
+
+    from thresher.stores.queries import scoped_verdicts
+
+    con = lake.connect()
+    try:
+        con.register("cands", pa.table({"candidate_id": pa.array(candidate_ids, pa.string())}))
+        verdicts = scoped_verdicts(con, used)
+        rows = con.sql(
+            f"""SELECT c.prompt_id, any_value(p.task) AS task,
+                       any_value(c.segments) AS segments, {rule_sql(rule)} AS passed
+                FROM candidates c JOIN cands USING (candidate_id)
+                JOIN prompts p USING (prompt_id)
+                LEFT JOIN {verdicts} v ON v.candidate_id = c.candidate_id
+                WHERE c.segments IS NOT NULL
+                GROUP BY c.candidate_id, c.prompt_id"""
+        ).fetchall()
+    finally:
+        con.close()
+    per = []  # (prompt, task, runs, failed runs, passed)
+    for prompt, task, segments, passed in rows:
+        outs = [s for s in json.loads(segments) if s.get("kind") == "output"]
+        per.append((prompt, task, len(outs), sum(s.get("status") != "ok" for s in outs), passed))
+    out = []
+    for task in ["all", *sorted({r[1] for r in per})]:
+        part = [r for r in per if task == "all" or r[1] == task]
+        if not part:
+            continue
+        prompts = len({r[0] for r in part})
+        runs = sum(r[2] for r in part)
+        values = {
+            "tool calls": runs / len(part),
+            "tool errors": sum(r[3] for r in part) / runs if runs else None,
+            "tool used": sum(r[2] > 0 for r in part) / len(part),
+        }
+        passing = [r for r in part if r[4]]
+        if passing:
+            values["tool used | passed"] = sum(r[2] > 0 for r in passing) / len(passing)
+        out += [
+            {"task": task, "metric": m, "value": v, "prompts": prompts}
+            for m, v in values.items()
+            if v is not None
+        ]
+    return out
+
+
 def protocol_rules(cfg: EvalConfig) -> dict[str, str | None]:
     """metric suffix -> rule: the configured rule (""), and where `answer_format` is among
     the verifiers and no rule is set, the lenient reading without it (" lenient") and the
@@ -140,6 +195,8 @@ def record_pass_at_ks(
         metrics += [{**m, "metric": m["metric"] + suffix} for m in pass_at_ks(counts, cfg.ks)]
         if suffix == "":
             metrics += prior_metrics(counts)
+            if cfg.sampling.tools is not None:
+                metrics += tool_metrics(lake, candidate_ids, rule, digests)
     write_evals(
         lake,
         metrics,
