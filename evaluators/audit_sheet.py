@@ -36,7 +36,7 @@ WITH {SELECTION_VERDICTS_SQL}
 SELECT s.candidate_id, s.prompt_id, s.round, s.pipeline, s.kept, s.drop_reason,
        s.drop_reason IS DISTINCT FROM 'failed' AS rule_passed,
        c.text, c.finish_reason, coalesce(c.hinted, false) AS hinted, c.sample_idx,
-       p.prompt, p.messages, p.answer AS reference,
+       c.segments, p.prompt, p.messages, p.answer AS reference,
        list({{'verifier': v.verifier, 'passed': v.passed, 'reason': v.reason}}
             ORDER BY v.verifier) FILTER (WHERE v.verifier IS NOT NULL) AS verdicts
 FROM current_selections s JOIN candidates c USING (candidate_id)
@@ -152,9 +152,11 @@ class Sheet:
 
 def sheet_rows(sample: pl.DataFrame, sheet_id: str) -> tuple[list[str], list[dict]]:
     """The sheet's columns and rows: the fixed columns, `<verifier>` (pass/fail) and
-    `<verifier>_reason` per verifier, `rule`, then the columns a labeller fills."""
+    `<verifier>_reason` per verifier, `rule`, `segments` where candidates ran code (their
+    turns as JSON), then the columns a labeller fills."""
     verifiers = sorted({v["verifier"] for vs in sample["verdicts"].to_list() if vs for v in vs})
-    columns = [*SHEET_COLUMNS, RULE]
+    tools = "segments" in sample.columns and sample["segments"].is_not_null().any()
+    columns = [*SHEET_COLUMNS, RULE, *(["segments"] if tools else [])]
     for v in verifiers:
         columns += [v, f"{v}_reason"]
     columns += LABEL_COLUMNS
@@ -176,6 +178,7 @@ def sheet_rows(sample: pl.DataFrame, sheet_id: str) -> tuple[list[str], list[dic
             "kept": r["kept"],
             "drop_reason": r["drop_reason"],
             RULE: "pass" if r["rule_passed"] else "fail",
+            "segments": r.get("segments") or "",
             **dict.fromkeys(LABEL_COLUMNS, ""),
         }
         for v in r["verdicts"] or []:
@@ -230,6 +233,8 @@ header { position: sticky; top: 0; background: #fff; padding: 0.5em 0;
 .meta { color: #666; font-size: 0.85em; }
 pre { white-space: pre-wrap; word-break: break-word; background: #f6f6f6; padding: 0.4em;
       margin: 0.3em 0; max-height: 20em; overflow: auto; }
+.seg-label { color: #666; font-size: 0.8em; margin-top: 0.2em; }
+pre.seg-code { background: #eef3fb; } pre.seg-output { background: #fdf6e3; color: #555; }
 .verdicts td { padding: 0.1em 0.6em 0.1em 0; vertical-align: top; font-size: 0.9em; }
 .pass { color: #176317; font-weight: 600; } .fail { color: #a31515; font-weight: 600; }
 .choice label { margin-right: 1.2em; } input.note { width: 30em; max-width: 90%; }
@@ -316,13 +321,33 @@ def _json_for_script(value: object) -> str:
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
+SEGMENT_LABELS = {"code": "code it ran", "output": "tool output (not the model's)"}
+
+
+def _candidate_html(row: dict) -> str:
+    """The candidate as one block, or where it ran code, its turns one block each: the
+    model's text, the code it ran and the tool's output, each labelled."""
+    e = html.escape
+    if not row.get("segments"):
+        return f"<pre>{e(str(row['candidate']))}</pre>"
+    parts = []
+    for seg in json.loads(row["segments"]):
+        kind = seg.get("kind", "text")
+        label = SEGMENT_LABELS.get(kind)
+        status = f" · {e(str(seg['status']))}" if kind == "output" and seg.get("status") else ""
+        head = f'<div class="seg-label">{e(label)}{status}</div>' if label else ""
+        parts.append(f'{head}<pre class="seg-{e(kind)}">{e(seg.get("text", ""))}</pre>')
+    return "".join(parts)
+
+
 def sheet_html(
     title: str, sheet_id: str, columns: list[str], rows: list[dict], csv_name: str
 ) -> str:
     """The audit sheet page: a card per candidate with a correct/incorrect choice and a
     note, kept in the browser's storage, and a button that exports the CSV to import."""
     e = html.escape
-    verifiers = [c for c in columns if c not in (*SHEET_COLUMNS, *LABEL_COLUMNS, RULE)]
+    fixed = (*SHEET_COLUMNS, *LABEL_COLUMNS, RULE, "segments")
+    verifiers = [c for c in columns if c not in fixed]
     verifiers = [c for c in verifiers if not c.endswith("_reason")]
     cards = []
     for i, r in enumerate(rows, 1):
@@ -344,7 +369,7 @@ def sheet_html(
             f"{''.join(f' · {t}' for t in _tags(r))}</div>"
             f"<div><b>Prompt</b><pre>{e(str(r['prompt']))}</pre></div>"
             f"<div><b>Reference</b><pre>{e(str(r['reference'] or '(none)'))}</pre></div>"
-            f"<div><b>Candidate</b><pre>{e(str(r['candidate']))}</pre></div>"
+            f"<div><b>Candidate</b>{_candidate_html(r)}</div>"
             f'<table class="verdicts">{verdicts}</table>'
             f'<div class="choice">Is the candidate\'s answer correct? '
             f'<label><input type="radio" name="label-{cid}" value="correct"> correct</label>'
