@@ -21,6 +21,7 @@ from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 pytestmark = pytest.mark.engine
+TOOL_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tool-problems" / "train.jsonl"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 RAY = Path(sys.executable).with_name("ray")
 
@@ -184,3 +185,31 @@ def test_math_timeout_holds_in_a_ray_task(ray_cluster):
     assert "timed out" in got["tower"]["reason"] and not got["tower"]["passed"]
     assert got["tower"]["elapsed_ms"] < (2 + 2) * 1000
     assert got["half"]["passed"], got["half"]["reason"]
+
+
+def test_tool_candidates_on_a_ray_engine(ray_cluster, tool_model, tmp_path):
+    """The tool loop inside a Ray engine actor: code runs, its output is appended and
+    matches a rerun in the sandbox, every candidate keeps its turns."""
+    from thresher.config import ToolsConfig
+    from thresher.samplers.tools import sandbox_runner, tool_output
+
+    lake = Lake(tmp_path / "tools")
+    ingest(lake, TOOL_EXAMPLES, dataset="tools", task="arithmetic")
+    tools = {"max_calls": 2, "output_chars": 200}
+    cfg = CurateConfig(
+        name="ray-tools",
+        model=str(tool_model),
+        batch_size=8,
+        prompts={"dataset": "tools", "limit": 16},
+        sampling={"k": 2, "max_tokens": 64, "temperature": 1.0, "tools": tools},
+        engine={"dtype": "float32", "max_model_len": 256},
+        executor="ray",
+        ray={"address": ray_cluster, "engines": 1},
+    )
+    summary = run_curate(cfg, lake.root, progress=False)
+    assert summary["candidates"] == 32 and summary["engines"] == 1
+    assert lake.query("SELECT count(segments) AS n FROM candidates")["n"][0] == 32
+    calls = lake.query("SELECT code, output, status FROM tool_calls")
+    assert calls.height >= 16
+    runs = sandbox_runner(ToolsConfig(**tools))(calls["code"].to_list())
+    assert [tool_output(r, 200) for r in runs] == calls["output"].to_list()

@@ -229,3 +229,31 @@ def test_a_refusal_is_tried_once_by_the_sampler_and_the_flow(tmp_path):
     finally:
         httpd.shutdown()
     assert Refusing.calls == 1
+
+
+def test_a_tool_loop_on_the_server_runs_code_and_goes_on(server):
+    """The tool loop through `vllm serve`: markers cut from the model's own greedy answer
+    (it writes no code blocks), so the first step stops where the plain answer has the
+    opening marker, the text up to the closing one runs in the sandbox and the model goes
+    on from the tool's output."""
+    from thresher.config import ToolsConfig
+    from thresher.samplers.openai_server import server_step
+    from thresher.samplers.tools import sample_with_tools, sandbox_runner, tool_output
+
+    greedy = {"temperature": 0.0, "top_p": 1.0}
+    prompts = ["What is 1 + 1?", "What is 3 * 3?"]
+    plain = sample_server(server, "tiny", prompts, [None] * 2, k=1, max_tokens=24, **greedy)
+    text = plain[0][0].text
+    assert len(text) >= 4
+    tools = ToolsConfig(open=text[:2], close=text[2:4], max_calls=1, output_chars=80)
+    step = server_step(server, "tiny", prompts, [None] * 2, **greedy)
+    outs = sample_with_tools(step, 2, 1, tools, max_tokens=24)
+    segs = outs[0][0].segments
+    assert [s["kind"] for s in segs[:2]] == ["code", "output"]  # the answer opens with the marker
+    code = segs[0]["code"]
+    assert segs[0]["text"].startswith(tools.open) and segs[0]["text"].endswith(tools.close)
+    (run,) = sandbox_runner(tools)([code])  # what the code gives when run again
+    assert segs[1]["status"] == run.status
+    assert segs[1]["text"] == tools.output.replace("{output}", tool_output(run, 80))
+    assert outs[0][0].text == "".join(s["text"] for s in segs)
+    assert outs[0][0].finish_reason in ("stop", "length", "max_calls")
