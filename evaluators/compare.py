@@ -1,7 +1,8 @@
-"""Two bootstraps' models on the same held-out prompts: the per-task difference of pass@1,
+"""Two runs' models on the same held-out prompts: the per-task difference of pass@1,
 paired over prompts, with its 95 % interval (the runs may live in different lakes).
 
     python -m thresher.evaluators.compare LAKE_A NAME_A LAKE_B NAME_B [--round-a R] [--round-b R]
+        [--lenient]
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ def main() -> None:
     parser.add_argument("name_b")
     parser.add_argument("--round-a", type=int, default=None, help="default: its last model")
     parser.add_argument("--round-b", type=int, default=None, help="default: its last model")
+    parser.add_argument(
+        "--lenient",
+        action="store_true",
+        help="judge without the asked format where the evaluations judged it (answer_format)",
+    )
     args = parser.parse_args()
-    a = eval_prompt_rates(Lake(args.lake_a, create=False), args.name_a)
-    b = eval_prompt_rates(Lake(args.lake_b, create=False), args.name_b)
+    a = eval_prompt_rates(Lake(args.lake_a, create=False), args.name_a, args.lenient)
+    b = eval_prompt_rates(Lake(args.lake_b, create=False), args.name_b, args.lenient)
     if a.is_empty() or b.is_empty():
         raise SystemExit("both runs need held-out evaluations (thresher report shows them)")
     table = paired_difference(a, b, args.round_a, args.round_b)

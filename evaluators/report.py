@@ -372,14 +372,15 @@ def monitors_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 
 
-def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
+def eval_prompt_rates(lake: Lake, name: str, lenient: bool = False) -> pl.DataFrame:
     """Per round and held-out prompt of pipeline `name`'s evaluations: task, samples n,
     passing c and rate c/n, from each round's latest completed evaluate run, judged as that
-    run judged (its verifiers' digests and rule)."""
+    run judged (its verifiers' digests and rule; with `lenient`, without the asked format
+    where the run judged it)."""
     import json
 
     from thresher.config import EvalConfig
-    from thresher.evaluators.passk import pass_counts
+    from thresher.evaluators.passk import pass_counts, protocol_rules
     from thresher.identities import verifier_digests
 
     where, params = _completed_runs("evaluate", name)
@@ -398,7 +399,9 @@ def eval_prompt_rates(lake: Lake, name: str) -> pl.DataFrame:
         if cfg.prompts.split != "eval" or cfg.final:
             continue
         ids = eval_candidate_ids(lake, cfg)
-        counts = pass_counts(lake, ids, cfg.verify.rule, verifier_digests(cfg.as_curate()))
+        rules = protocol_rules(cfg)
+        rule = rules.get(" lenient", rules[""]) if lenient else rules[""]
+        counts = pass_counts(lake, ids, rule, verifier_digests(cfg.as_curate()))
         frames.append(
             counts.with_columns(
                 round=pl.lit(run["round"], pl.Int64), rate=pl.col("c") / pl.col("n")

@@ -606,3 +606,38 @@ def test_the_report_shows_test_strength_when_audited(rounds_lake, tmp_path):
     assert "<td>0.6667</td>" in text  # p1's original kill rate, a weak prompt
     assert "the reference fails its own tests" in text  # p2, flagged
     assert "<td>12</td>" in text  # tests added by the strengthened suite
+
+
+def test_lenient_rates_judge_without_the_asked_format(lake):
+    """An evaluation judged by `exact` and `answer_format`: its rates need both verdicts,
+    the lenient ones only `exact`'s (what `compare --lenient` pairs)."""
+    from thresher.config import EvalConfig
+    from thresher.evaluators.report import eval_prompt_rates
+    from thresher.identities import verifier_digests
+    from thresher.samplers import expected_ids, sampling_params
+
+    prompt = {"prompt_id": "e0", "dataset": "d", "split": "eval", "task": "a", "prompt": "q"}
+    lake.append("prompts", [prompt])
+    cfg = EvalConfig(
+        name="fmt", model="m0", prompts={"dataset": "d", "split": "eval"}, n=4, ks=[1],
+        verify={"verifiers": ["exact", "answer_format"]},
+    )  # fmt: skip
+    cur = cfg.as_curate()
+    ids = expected_ids(["e0"], cur.model_id, 0, 4, sampling_params(cur))
+    lake.append(
+        "candidates",
+        [{"candidate_id": c, "prompt_id": "e0", "run_id": "ev", "round": 0,
+          "model": cur.model_id, "sample_idx": i, "text": "x"} for i, c in enumerate(ids)],
+    )  # fmt: skip
+    digests = verifier_digests(cur)
+    right, in_format = [True, True, True, False], [True, False, False, True]
+    lake.append(
+        "verdicts",
+        [{"candidate_id": c, "verifier": v, "options_digest": digests[v], "score": float(p),
+          "passed": p, "reason": "", "run_id": "ev"}
+         for v, col in (("exact", right), ("answer_format", in_format))
+         for c, p in zip(ids, col, strict=True)],
+    )  # fmt: skip
+    lake.append("runs", [_run("ev", "evaluate", 0, "fmt") | {"config": cfg.model_dump_json()}])
+    assert eval_prompt_rates(lake, "fmt")["rate"].to_list() == [0.25]
+    assert eval_prompt_rates(lake, "fmt", lenient=True)["rate"].to_list() == [0.75]
