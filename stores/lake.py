@@ -312,6 +312,19 @@ DERIVED_VIEWS = {
                count(*) FILTER (WHERE passed) AS passed,
                avg(passed::INT) AS pass_rate
         FROM candidate_outcomes GROUP BY prompt_id, round""",
+    # Every prompt's pass rate per model, from each round's sampling and each evaluation
+    # (hinted samples left out): the difficulty history an RL hand-off reads
+    "prompt_pass_rates": """
+        SELECT c.prompt_id, any_value(p.task) AS task, any_value(p.dataset) AS dataset,
+               any_value(p.split) AS split, c.model, c.round, c.run_id,
+               any_value(r.flow) AS source, count(*) AS samples,
+               count(*) FILTER (WHERE o.passed) AS passed, avg(o.passed::INT) AS pass_rate
+        FROM candidates c
+        JOIN candidate_outcomes o ON o.candidate_id = c.candidate_id
+        JOIN prompts p ON p.prompt_id = c.prompt_id
+        LEFT JOIN runs r ON r.run_id = c.run_id
+        WHERE NOT coalesce(c.hinted, false)
+        GROUP BY c.prompt_id, c.model, c.round, c.run_id""",
     "tool_calls": TOOL_CALLS_SQL,
     # per candidate that could call the tool: calls made, errors, time in the tool, and
     # whether it passed (which prompts the tool helped: SQL over this and pass_rate)
