@@ -1,4 +1,5 @@
-"""Export a round's selected data as `datasets` datasets (and JSONL) for SFT or DPO."""
+"""Export a round's selected data as `datasets` datasets (and JSONL) for SFT or DPO, and
+the prompts in a pass-rate band for RL trainers (verl parquet, a TRL GRPO dataset)."""
 
 from __future__ import annotations
 
@@ -239,3 +240,154 @@ def reference_rows(
             }
         )
     return rows, missing
+
+
+# -- the RL hand-off (verl parquet, a TRL GRPO dataset) --------------------------------
+
+# the latest model whose samples measured training prompts (an eval of held-out ones says
+# nothing about which training prompts are in its band)
+LATEST_MODEL_SQL = """
+SELECT c.model FROM candidates c JOIN runs r ON r.run_id = c.run_id
+JOIN prompts p ON p.prompt_id = c.prompt_id WHERE p.split = 'train'
+ORDER BY r.started_at DESC, c.round DESC LIMIT 1
+"""
+
+# Each training prompt's pass rate under one model, pooled over every unhinted sample of
+# it (its rounds' sampling and evaluations); eval and test prompts never leave.
+BAND_SQL = """
+SELECT h.prompt_id, sum(h.samples)::BIGINT AS samples, sum(h.passed)::BIGINT AS passed,
+       sum(h.passed) / sum(h.samples) AS pass_rate,
+       any_value(p.dataset) AS dataset, any_value(p.task) AS task,
+       any_value(p.prompt) AS prompt, any_value(p.messages) AS messages,
+       any_value(p.answer) AS answer, any_value(p.tests) AS tests, any_value(p.meta) AS meta
+FROM prompt_pass_rates h JOIN prompts p ON p.prompt_id = h.prompt_id
+WHERE h.model = $model AND p.split = 'train'
+GROUP BY h.prompt_id
+HAVING pass_rate BETWEEN $low AND $high
+ORDER BY h.prompt_id
+"""
+
+VERIFY_OF_MODEL_SQL = """
+SELECT json_extract(r.config, '$.verify') AS verify,
+       json_extract(r.config, '$.select.decontaminate') AS decontaminate FROM runs r
+WHERE r.flow = 'curate' AND r.run_id IN (SELECT run_id FROM candidates WHERE model = $model)
+ORDER BY r.started_at DESC LIMIT 1
+"""
+
+
+def latest_model(lake: Lake) -> str | None:
+    """The model of the run that last sampled training prompts (its `candidates.model`)."""
+    got = lake.query(LATEST_MODEL_SQL)
+    return got["model"][0] if got.height else None
+
+
+def band_prompts(lake: Lake, model: str, low: float, high: float) -> list[dict]:
+    """Training prompts whose pass rate under `model` lies in [low, high], with what a
+    verifier needs (answer, tests, meta) and the pass rate's samples."""
+    return lake.query(BAND_SQL, {"model": model, "low": low, "high": high}).to_dicts()
+
+
+def model_settings(lake: Lake, model: str) -> tuple[dict, dict | None]:
+    """The verify and decontaminate sections of the latest curate run that sampled with
+    `model` (what judged its pass rates and what its pipeline kept out); ({}, None) when
+    none recorded them."""
+    got = lake.query(VERIFY_OF_MODEL_SQL, {"model": model})
+    if not got.height:
+        return {}, None
+    verify, decontam = got["verify"][0], got["decontaminate"][0]
+    return json.loads(verify) if verify else {}, json.loads(decontam) if decontam else None
+
+
+def rl_rows(prompts: list[dict], model: str, verify: dict) -> list[dict]:
+    """verl's RL layout, one row per prompt: data_source, chat `prompt`, ability,
+    reward_model (rule, the reference as ground_truth), extra_info (index, prompt id, task,
+    pass rate, and what the verifiers need); flat copies of the reference columns for
+    TRL's reward functions, which get a dataset's columns as keyword arguments."""
+    spec = json.dumps(
+        {"verifiers": verify.get("verifiers") or ["math"], "options": verify.get("options") or {}}
+    )
+    rows = []
+    for i, p in enumerate(prompts):
+        messages = _messages(p)
+        truth = p["answer"] if p["answer"] is not None else (p["tests"] or "")
+        text = p["prompt"] if p["prompt"] is not None else messages[-1]["content"]
+        rows.append(
+            {
+                "data_source": p["dataset"],
+                "prompt": messages,
+                "ability": p["task"] or "general",
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {
+                    "index": i,
+                    "split": "train",
+                    "prompt_id": p["prompt_id"],
+                    "task": p["task"],
+                    "pass_rate": float(p["pass_rate"]),
+                    "samples": int(p["samples"]),
+                    "model": model,
+                    "question": text,
+                    "answer": p["answer"],
+                    "tests": p["tests"],
+                    "meta": p["meta"],
+                    "verifiers": spec,
+                },
+                # TRL: every column but `prompt` reaches the reward function by name
+                "prompt_id": p["prompt_id"],
+                "task": p["task"],
+                "question": text,
+                "answer": p["answer"],
+                "tests": p["tests"],
+                "meta": p["meta"],
+                "verifiers": spec,
+                "pass_rate": float(p["pass_rate"]),
+            }
+        )
+    return rows
+
+
+def save_rl(rows: list[dict], to: str | Path) -> dict[str, Path]:
+    """Write `to/train.parquet` (verl's columns) and `to/trl` (a `datasets` dataset for
+    TRL's GRPO trainer: chat `prompt` and the flat reference columns), plus data.jsonl."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    to = Path(to)
+    to.mkdir(parents=True, exist_ok=True)
+    verl_cols = ("data_source", "prompt", "ability", "reward_model", "extra_info")
+    pq.write_table(pa.Table.from_pylist([{c: r[c] for c in verl_cols} for r in rows]),
+                   to / "train.parquet")  # fmt: skip
+    trl = [{k: v for k, v in r.items() if k not in verl_cols or k == "prompt"} for r in rows]
+    datasets.Dataset.from_list(trl).save_to_disk(str(to / "trl"))
+    with open(to / "data.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return {"verl": to / "train.parquet", "trl": to / "trl", "jsonl": to / "data.jsonl"}
+
+
+def kept_sql_text(round_: int, all_rounds: bool, name: str | None) -> str:
+    """The SQL that lists a round's kept rows, with its parameters written in."""
+    sql = KEPT_SQL.format(op="<=" if all_rounds else "=").replace("$round", str(round_))
+    return sql.replace("$name", "NULL" if name is None else _quoted(name))
+
+
+def band_sql_text(model: str, low: float, high: float) -> str:
+    """The SQL that lists a model's prompts in a pass-rate band, parameters written in."""
+    return (
+        BAND_SQL.replace("$model", _quoted(model))
+        .replace("$low", str(low))
+        .replace("$high", str(high))
+    )
+
+
+def pass_rate_runs(lake: Lake, model: str) -> list[str]:
+    """The runs whose samples of `model` measured its pass rates."""
+    got = lake.query(
+        "SELECT DISTINCT run_id FROM prompt_pass_rates WHERE model = $model ORDER BY 1",
+        {"model": model},
+    )
+    return got["run_id"].to_list()
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

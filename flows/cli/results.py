@@ -20,6 +20,7 @@ from thresher.flows.cli import (
 class ExportFormat(StrEnum):
     sft = "sft"
     dpo = "dpo"
+    rl = "rl"
 
 
 @app.command()
@@ -40,9 +41,38 @@ def export(
         typer.Option(
             "--format",
             "-f",
-            help="sft: prompt + kept answer; dpo: prompt, chosen (kept), rejected (failed).",
+            help="sft: prompt + kept answer; dpo: prompt, chosen (kept), rejected (failed); "
+            "rl: the training prompts a model solves between --min-pass and --max-pass of "
+            "the time, for an RL trainer (verl parquet + a TRL GRPO dataset).",
         ),
     ] = ExportFormat.sft,
+    model: Annotated[
+        str | None,
+        typer.Option(help="With --format rl: whose pass rates (default: the latest model)."),
+    ] = None,
+    min_pass: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="With --format rl: lowest pass rate kept.")
+    ] = 0.2,
+    max_pass: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="With --format rl: highest pass rate kept.")
+    ] = 0.8,
+    license_: Annotated[
+        str | None,
+        typer.Option(
+            "--license",
+            help="The data's licence for the card (SPDX id, e.g. mit), where its sources' "
+            "licences are not known to thresher.",
+        ),
+    ] = None,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(
+            "--push-to-hub",
+            help="Also push the export to this Hub dataset repo (user/name) through "
+            "`datasets`, with its card; needs a Hub login.",
+        ),
+    ] = None,
+    private: Annotated[bool, typer.Option(help="With --push-to-hub: a private repo.")] = False,
     all_rounds: Annotated[
         bool, typer.Option(help="Rounds 0..R together (as STaR trains on).")
     ] = False,
@@ -66,8 +96,19 @@ def export(
     A round's data is its current selection: the one the pipeline's latest curate run of
     that round wrote (earlier selections stay in `selections`). The best model is the one
     `<lake>/models/<name>/best.json` points at: the round whose model scored the highest
-    held-out pass@1 (a regressed later round is never it)."""
-    from thresher.stores.export import ExportError, export_round
+    held-out pass@1 (a regressed later round is never it).
+
+    With --format rl, no round: the training prompts whose pass rate under --model (pooled
+    over its rounds' samples and evaluations, view `prompt_pass_rates`) lies in the band,
+    less any overlapping an eval or test prompt, as train.parquet (verl: data_source,
+    prompt, ability, reward_model, extra_info) and trl/ (a datasets dataset whose columns
+    thresher's reward function reads: thresher.verifiers.rewards).
+
+    Every export writes README.md, a dataset card: the Hub's YAML header, and what made the
+    data (sources and licences, model and weights hash, sampling, verifiers, selection,
+    decontamination, funnel, thresher's version, the SQL that lists the rows)."""
+    from thresher.flows.handoff import export_data, export_rl
+    from thresher.stores.export import ExportError
     from thresher.stores.lake import Lake
 
     if to.exists() and any(to.iterdir()):
@@ -75,13 +116,39 @@ def export(
     if best:
         _export_best(Lake(lake, create=False), name, to)
         return
-    if round_ is None:
-        fail("give --round R (a round's kept data) or --best (the best model)", code=2)
-    try:
-        n = export_round(Lake(lake, create=False), round_, fmt.value, to, all_rounds, name)
-    except (ExportError, FileNotFoundError) as e:
-        fail(str(e))
-    typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")
+    if min_pass > max_pass:
+        fail(f"--min-pass {min_pass} is above --max-pass {max_pass}", code=2)
+    if fmt is ExportFormat.rl:
+        if round_ is not None:
+            fail("--format rl exports prompts by pass rate, not a round: drop --round", code=2)
+        try:
+            got = export_rl(Lake(lake, create=False), to, model, min_pass, max_pass, license_)
+        except (ValueError, FileNotFoundError) as e:
+            fail(str(e))
+        typer.echo(
+            f"wrote {got['rows']} prompts of {got['model']} with pass rates in "
+            f"[{min_pass}, {max_pass}] to {got['verl']} (verl) and {got['trl']} (TRL)"
+            + (f"; {got['contaminated']} left out as eval overlaps" if got["contaminated"] else "")
+        )
+    else:
+        if round_ is None:
+            fail("give --round R (a round's kept data) or --best (the best model)", code=2)
+        try:
+            n = export_data(
+                Lake(lake, create=False), round_, fmt.value, to, all_rounds, name, license_
+            )
+        except (ExportError, FileNotFoundError) as e:
+            fail(str(e))
+        typer.echo(f"wrote {n} {fmt.value} rows to {to} (and {to / 'data.jsonl'})")
+    typer.echo(f"dataset card: {to / 'README.md'}")
+    if push_to_hub:
+        from thresher.flows.handoff import push_to_hub as push
+
+        try:
+            url = push(to, push_to_hub, fmt.value, private)
+        except Exception as e:  # the Hub's own errors: no login, no network, no such repo
+            fail(f"push to {push_to_hub} failed: {e}")
+        typer.echo(f"pushed to {url}")
 
 
 def _export_best(lake, name: str | None, to: Path) -> None:
