@@ -53,17 +53,23 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
     # a model from a command or a parent flow; a deployment's run passes the JSON it stores
     cfg = BootstrapConfig.model_validate(config)  # a model passes through as it is
     from thresher.stores.runs import tracked_run
+    from thresher.tracking import eval_metrics, numbers, tracked
 
     lake = Lake(lake_root)
     run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=cfg.model_dump())
     tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
     state = Rounds(cfg.max_rounds, cfg.min_gain, cfg.patience, tolerance)
     try:
-        with deployment_cleanup(), tracked_run(lake, bootstrap_run_id(cfg), **run) as summary:
+        with (
+            deployment_cleanup(),
+            tracked_run(lake, bootstrap_run_id(cfg), **run) as summary,
+            tracked(cfg.tracking, cfg.name, "bootstrap", lake_root, run["config"]) as tracker,
+        ):
             before_round_zero(lake, cfg)
             # what decides every round: held-out metrics under these verifiers only
             summary["eval_verify"] = cfg.eval_verify().model_dump()
             base_also = evaluate_base(cfg, lake_root, state, progress)
+            tracker.metrics(eval_metrics(state.evals[0]["metrics"]), 0)
             while (r := state.next_round()) is not None:
                 source = sampling_model(state, r)
                 notes = prepare_round(lake, cfg, state, r, source)
@@ -90,6 +96,14 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
                 also = forgetting_checks(cfg, lake_root, r + 1, model, base_also, progress)
                 gain = state.record(source, curated, trained, evaluated, also, notes)
                 _say(f"model {r + 1}: {evaluated.line()} (gain {gain:+.3f})")
+                # round r's data (step r) trained model r + 1 (its evaluation: step r + 1)
+                tracker.metrics(
+                    numbers(curated.model_dump(), "curate/")
+                    | numbers(curated.monitors or {}, "monitor/")
+                    | numbers(trained.model_dump(), "train/"),
+                    r,
+                )
+                tracker.metrics(eval_metrics(evaluated.metric_rows()) | {"gain": gain}, r + 1)
                 # kept current every round, so a run a gate stops still points at its best
                 write_best_pointer(lake, cfg, state.best_round)
                 summary.update(state.summary())
@@ -99,12 +113,26 @@ def bootstrap_flow(config: Any, lake_root: str, progress: bool = True) -> dict[s
             _say(f"best model: round {state.best_round} (pass@1 {state.best:.3f}), {best_model}")
             _say(f"stopped: {state.stopped}")
             publish_bootstrap(cfg, lake, state.stopped)
+            if cfg.tracking is not None:
+                track_report(tracker, lake, cfg.name)
     except GateFailed as e:
         # an expected stop: the run ends Failed with the reason, without a traceback
         from prefect.states import Failed
 
         return Failed(message=str(e), data=e)
     return summary
+
+
+def track_report(tracker, lake: Lake, name: str) -> None:
+    """The report's page and plots attached to the bootstrap's tracked run."""
+    import tempfile
+    from pathlib import Path
+
+    from thresher.evaluators.page import write_report
+
+    with tempfile.TemporaryDirectory() as out:
+        page = write_report(lake, out, name)
+        tracker.artifacts([page, *sorted(Path(out).glob("*.png"))])
 
 
 def sampling_model(state: Rounds, round_: int) -> int:

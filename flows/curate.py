@@ -121,6 +121,12 @@ def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str,
         if compacted:
             summary["compacted"] = compacted
         publish_curate(cfg, summary)
+        if cfg.tracking is not None:
+            from thresher.tracking import log_run, numbers
+
+            figures = numbers(summary) | numbers(summary.get("monitors") or {}, "monitor/")
+            log_run(cfg.tracking, cfg.name, "curate", lake_root, cfg.model_dump(mode="json"),
+                    [(cfg.round, figures)])  # fmt: skip
     return summary
 
 

@@ -73,6 +73,11 @@ def eval_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, A
             f"held-out eval of {cur.model_id} (round {cfg.round}, {n_prompts} prompts x {cfg.n})",
             [{"task": m["task"], "metric": m["metric"], "value": m["value"]} for m in metrics],
         )
+        if cfg.tracking is not None:
+            from thresher.tracking import eval_metrics, log_run
+
+            log_run(cfg.tracking, cfg.name, "evaluate", lake_root, cfg.model_dump(mode="json"),
+                    [(cfg.round, eval_metrics(metrics))])  # fmt: skip
     return summary
 
 

@@ -149,6 +149,13 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
                 "base_model": base,
             }
         )
+        if cfg.tracking is not None:
+            from thresher.stores.queries import train_losses
+            from thresher.tracking import log_run, numbers
+
+            steps = [(r["step"], numbers(r, "train/")) for r in train_losses(lake, run_id)]
+            steps.append((result.steps, numbers(summary, "summary/")))
+            log_run(cfg.tracking, cfg.name, "train", lake_root, cfg.model_dump(mode="json"), steps)
     return summary
 
 

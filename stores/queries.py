@@ -617,3 +617,13 @@ def with_strengthened_tests(lake: Lake, rows: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.lit("strengthened"))
         .alias("tests_suite"),
     ).drop("strong_tests")
+
+
+def train_losses(lake: Lake, run_id: str) -> list[dict]:
+    """A training run's logged steps: step, loss, eval_loss, lr, tokens_per_s."""
+    return lake.query(
+        """SELECT step, any_value(loss) AS loss, any_value(eval_loss) AS eval_loss,
+                  any_value(lr) AS lr, any_value(tokens_per_s) AS tokens_per_s
+           FROM train_metrics WHERE run_id = $run GROUP BY step ORDER BY step""",
+        {"run": run_id},
+    ).to_dicts()

@@ -5,7 +5,14 @@ One module per section: `engine` (prompts, sampling, where the engine runs), `ve
 `eval` and `bootstrap`, which composes the curate, train and eval sections. `base` says
 how a field counts in identities (thresher.identities). Stages take their own section."""
 
-from thresher.config.base import ConfigError, StageConfig, load_config, never, skipped_by
+from thresher.config.base import (
+    ConfigError,
+    StageConfig,
+    TrackingConfig,
+    load_config,
+    never,
+    skipped_by,
+)
 from thresher.config.bootstrap import (
     AuditGateConfig,
     BootstrapConfig,
@@ -67,6 +74,7 @@ __all__ = [
     "FORGETTING",
     "SEALED",
     "SELF",
+    "TrackingConfig",
     "AuditGateConfig",
     "BootstrapConfig",
     "BootstrapEvalConfig",

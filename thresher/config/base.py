@@ -15,7 +15,7 @@ Identities (thresher.identities) are made from config fields by one rule:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,6 +54,25 @@ class _Strict(BaseModel):
     counted_at_default: ClassVar[frozenset[str]] = frozenset()
 
 
+class TrackingConfig(_Strict):
+    """Log each curate, train, eval and bootstrap run (its config, funnel counts, pass@k per
+    round, monitors, training loss, the report's plots) to MLflow, and to Weights & Biases
+    where it is installed. Off unless the section is given; never part of a run's identity."""
+
+    mlflow: bool = Field(True, description="log to MLflow")
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a local SQLite "
+        "store, <lake>/mlflow.db, with artifacts in <lake>/mlartifacts)",
+    )
+    experiment: str | None = Field(None, description="MLflow experiment (default: the name)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (wandb installed)")
+    wandb_project: str | None = Field(None, description="W&B project (default: thresher)")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode (default: $WANDB_MODE, else online)"
+    )
+
+
 class StageConfig(_Strict):
     """The fields every stage's config has."""
 
@@ -64,6 +83,9 @@ class StageConfig(_Strict):
     )
     lake: str | None = never(
         default=None, description="lake folder or URL (else --lake / THRESHER_LAKE)"
+    )
+    tracking: TrackingConfig | None = never(
+        default=None, description="log runs to MLflow / W&B (off unless given)"
     )
 
 

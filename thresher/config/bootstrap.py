@@ -240,6 +240,7 @@ class BootstrapConfig(GatedStage, CurateSections):
             base_model=self.base_model,
             round=round_,
             lake=self.lake,
+            tracking=self.tracking,
             data=TrainDataConfig(
                 round=round_,
                 all_rounds=self.train.all_rounds,
