@@ -74,6 +74,7 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
             "n": 4,
             "ks": [1, 4],
         },
+        "tracking": {},  # the default store: <lake>/mlflow.db
     }
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -127,6 +128,7 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
     ).rows()
     metrics = ("constant-answer", "pass@1", "pass@1 non-modal", "pass@4")
     assert evals == [(r, m) for r in (0, 1, 2) for m in metrics]
+    _check_tracking(lake, f"sqlite:///{lake.root.resolve() / 'mlflow.db'}")
     assert _count(lake, "SELECT count(DISTINCT run_id) FROM train_metrics") == 2
     assert "round r's pass@k is model r" in first.stdout
 
@@ -389,3 +391,39 @@ def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
         "WHERE json_extract_string(r.config, '$.name') = 'planted~general/eval' ORDER BY 1"
     )["round"].to_list()
     assert forgetting == [0, 1]
+
+
+def _check_tracking(lake: Lake, uri: str) -> None:
+    """MLflow's own client reads back what the run logged: one run per curate, train,
+    evaluate and bootstrap run, and the bootstrap's pass@1 per round equal to `evals`."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("e2e")
+    runs = client.search_runs([experiment.experiment_id])
+    flows = sorted(r.data.tags["thresher.flow"] for r in runs)
+    assert flows == ["bootstrap", "curate", "curate", "evaluate", "evaluate", "evaluate",
+                     "train", "train"]  # fmt: skip
+    assert all(r.info.status == "FINISHED" for r in runs)
+    (boot,) = [r for r in runs if r.data.tags["thresher.flow"] == "bootstrap"]
+    history = client.get_metric_history(boot.info.run_id, "pass_at_1")
+    logged = {m.step: m.value for m in history}
+    want = dict(
+        lake.query(
+            "SELECT round, value FROM evals WHERE task = 'all' AND metric = 'pass@1' "
+            "AND split = 'eval'"
+        ).rows()
+    )
+    assert logged == pytest.approx(want) and sorted(logged) == [0, 1, 2]
+    kept = {m.step: m.value for m in client.get_metric_history(boot.info.run_id, "curate/kept")}
+    funnel = dict(lake.query("SELECT round, kept FROM round_funnel").rows())
+    assert kept == {r: float(n) for r, n in funnel.items()}
+    assert (
+        boot.data.params["base_model"]
+        == lake.query("SELECT model FROM runs WHERE flow = 'bootstrap'")[0, 0]
+    )
+    plots = {a.path for a in client.list_artifacts(boot.info.run_id, "report")}
+    assert "report/passk.png" in plots and "report/index.html" in plots
+    (train,) = [r for r in runs if r.data.tags["thresher.flow"] == "train"][:1]
+    losses = client.get_metric_history(train.info.run_id, "train/loss")
+    assert losses and all(m.value > 0 for m in losses)
