@@ -97,7 +97,9 @@ def write_report(
     }
     lines = _best_lines(best, rolled)
     table = round_table(lake, name)
-    page.write_text(_page(lake, name, table, funnel, plots, out, lines, before_plot), "utf-8")
+    page.write_text(
+        _page(lake, name, table, funnel, plots, out, lines, before_plot, evals), "utf-8"
+    )
     return page
 
 
@@ -591,10 +593,9 @@ def _answers_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     ]
 
 
-def _tools_section(lake: Lake, name: str | None, out: Path) -> list[str]:
+def _tools_section(evals: pl.DataFrame, out: Path) -> list[str]:
     """Per round, when the held-out candidates could run code: calls per candidate, the
     tool's error rate, and the share of all and of passing candidates that used it."""
-    evals = eval_by_round(lake, name)
     cols = [c for c in evals.columns if c.startswith("tool ")]
     if not cols:
         (out / "tools.png").unlink(missing_ok=True)
@@ -740,6 +741,7 @@ def _page(
     out: Path,
     best_lines: list[str],
     before_plot: dict[str, list[str]],
+    evals: pl.DataFrame,
 ) -> str:
     title = "thresher report" + (f": {name}" if name is not None else "")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -761,7 +763,7 @@ def _page(
         *_task_section(lake, name, out),
         *_frontier_section(lake, name, out),
         *_answers_section(lake, name, out),
-        *_tools_section(lake, name, out),
+        *_tools_section(evals, out),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
         _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
