@@ -202,7 +202,7 @@ def sandbox_runner(tools: ToolsConfig) -> RunCode:
 
     limits = Limits(
         timeout_s=tools.timeout_s,
-        cpu_s=max(1, int(tools.timeout_s + 0.999)),
+        cpu_s=int(tools.timeout_s + 0.999) + 1,  # the wall limit should stop a loop first
         memory_mb=tools.memory_mb,
         output_mb=max(tools.output_chars * 4 / 2**20, 0.01),
     )

@@ -2,6 +2,7 @@
 cannot be made to write an attack), the sandbox runs it, its output is what comes back."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from thresher.config import ToolsConfig
 from thresher.samplers.tools import Step, StepOut, sample_with_tools, tool_output
-from thresher.sandbox import run_code
+from thresher.sandbox import Limits, run_code
 from thresher.segments import model_text, tool_spans
 
 TOOLS = ToolsConfig(timeout_s=2, max_calls=2)
@@ -91,7 +92,11 @@ def test_a_total_budget_counts_the_tools_output():
     ("code", "expect"),
     [
         ("print(open({ref!r}).read())", "FileNotFoundError"),
-        ("import socket\ns = socket.create_connection(('127.0.0.1', 22), timeout=1)", "Error"),
+        (  # a port this test listens on: reachable from here, not from the sandbox
+            "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "print('connected')",
+            "Error",
+        ),
         ("while True:\n    pass", "TimeoutError: time limit exceeded"),
         ("import os\nprint(os.environ.get('THRESHER_REFERENCE'))", "None"),
     ],
@@ -101,12 +106,21 @@ def test_code_cannot_reach_the_reference_outside_its_sandbox(tmp_path, monkeypat
     monkeypatch.setenv("THRESHER_REFERENCE", reference)  # nor the pipeline's environment
     ref = tmp_path / "reference.txt"
     ref.write_text(reference)
-    code = code.format(ref=str(ref))
-    step, _ = scripted([[" ```python", f"\n{code}\n```", "The answer is 1."]])
-    [[c]] = sample_with_tools(step, 1, 1, TOOLS, max_tokens=200)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        code = code.format(ref=str(ref), port=server.getsockname()[1])
+        step, _ = scripted([[" ```python", f"\n{code}\n```", "The answer is 1."]])
+        [[c]] = sample_with_tools(step, 1, 1, TOOLS, max_tokens=200)
     out = next(s for s in c.segments if s["kind"] == "output")
     assert expect in out["output"] and reference not in c.text
+    assert "connected" not in out["output"]
     assert c.text.endswith("The answer is 1.")  # the model goes on after the error
+
+
+def test_a_loop_stopped_by_its_cpu_limit_is_a_time_limit():
+    """Whichever limit stops a loop first, wall clock or CPU time, the model hears time ran out."""
+    [run] = run_code(["while True:\n    pass"], Limits(timeout_s=60, cpu_s=1))
+    assert run.status == "timeout" and run.error == "time limit exceeded (CPU time)"
+    assert tool_output(run, 1000) == "TimeoutError: time limit exceeded (CPU time)"
 
 
 def test_errors_come_back_as_the_interpreter_prints_them():

@@ -195,8 +195,10 @@ def set_limits(limits: dict[str, Any]) -> None:
     import resource
 
     mb = 1024 * 1024
+    cpu = int(limits["cpu_s"])
+    # SIGXCPU at the soft limit names the cause; SIGKILL a second later if it is caught
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     for name, value in (
-        ("RLIMIT_CPU", int(limits["cpu_s"])),
         ("RLIMIT_AS", int(limits["memory_mb"]) * mb),
         ("RLIMIT_FSIZE", int(limits["file_mb"]) * mb),
         ("RLIMIT_CORE", 0),
@@ -1044,7 +1046,9 @@ def runtime_error(status: int | None, err: bytes) -> str:
         return "runtime error: the sandbox lost the program's exit status"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        name = {9: "SIGKILL", 24: "SIGXCPU: CPU time limit"}.get(sig, str(sig))
+        if sig == signal.SIGXCPU:
+            return "time limit exceeded (CPU time)"
+        name = {9: "SIGKILL"}.get(sig, str(sig))
         return f"runtime error: killed by signal {sig} ({name})"
     code = os.WEXITSTATUS(status)
     if code:
