@@ -78,6 +78,7 @@ def export_rl(
         band_prompts,
         band_sql_text,
         latest_model,
+        measured_prompts,
         model_settings,
         pass_rate_runs,
         rl_rows,
@@ -110,6 +111,11 @@ def export_rl(
                         "contaminated": len(prompts) - len(kept)}},
         license_=license_,
     )  # fmt: skip
+    # an RL export's funnel: prompts measured, in the band, overlapping an eval, written
+    info["funnel"] = [
+        {"measured": measured_prompts(lake, model), "in_band": len(prompts),
+         "contaminated": len(prompts) - len(kept), "rows": len(kept)}
+    ]  # fmt: skip
     info["decontamination"] = {
         "enabled": True,
         "eval_datasets": settings.eval_datasets or info["decontamination"]["eval_datasets"],

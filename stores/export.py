@@ -287,6 +287,17 @@ def band_prompts(lake: Lake, model: str, low: float, high: float) -> list[dict]:
     return lake.query(BAND_SQL, {"model": model, "low": low, "high": high}).to_dicts()
 
 
+def measured_prompts(lake: Lake, model: str) -> int:
+    """How many training prompts have a pass rate under `model`."""
+    got = lake.query(
+        """SELECT count(DISTINCT h.prompt_id) FROM prompt_pass_rates h
+           JOIN prompts p ON p.prompt_id = h.prompt_id
+           WHERE h.model = $model AND p.split = 'train'""",
+        {"model": model},
+    )
+    return int(got[0, 0])
+
+
 def model_settings(lake: Lake, model: str) -> tuple[dict, dict | None]:
     """The verify and decontaminate sections of the latest curate run that sampled with
     `model` (what judged its pass rates and what its pipeline kept out); ({}, None) when

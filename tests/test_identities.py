@@ -111,3 +111,13 @@ def test_each_stage_identity_changes_with_its_own_fields_and_what_is_downstream(
     evald = ids_of_config(boot_kind, build(boot_kind, {**boot, "eval": ev}))
     moved = {k for k in first if evald[k] != first[k]}
     assert moved == {"bootstrap", "round0.eval", "round1.eval"}
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_tracking_is_off_by_default_and_never_part_of_an_identity(name):
+    from identity_cases import build, ids_of_config
+
+    kind, data = _configs()[name]
+    assert build(kind, data).tracking is None  # no bundled config logs anywhere
+    tracked = {"tracking_uri": "sqlite:////tmp/elsewhere.db", "experiment": "x", "wandb": True}
+    assert ids_of_config(kind, build(kind, data | {"tracking": tracked})) == PINS[name]

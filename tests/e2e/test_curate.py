@@ -59,6 +59,14 @@ def test_k_candidates_per_prompt(curated):
     assert first["candidates"] == PROMPTS * K and first["sampled_now"] == PROMPTS * K
 
 
+def test_without_a_tracking_section_nothing_is_logged(curated):
+    lake, cfg, _, _ = curated
+    assert cfg.tracking is None
+    assert not {"mlflow.db", "mlartifacts", "mlruns", "wandb"} & {
+        p.name for p in Path(lake.root).iterdir()
+    }  # the lake holds its tables and nothing a tracker writes
+
+
 def test_chat_prompts_go_through_the_template(curated):
     lake = curated[0]
     chat = lake.query(

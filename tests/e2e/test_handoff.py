@@ -7,7 +7,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -174,6 +173,9 @@ def test_every_export_writes_a_card_that_matches_the_lake(curated, tmp_path, fmt
     assert made["run_id"] == run["run_id"]
     recorded = json.loads(run["config"])
     assert made["sampling"] == recorded["sampling"] and made["verify"] == recorded["verify"]
+    select = {k: v for k, v in recorded["select"].items() if k != "decontaminate"}
+    assert made["select"] == select and made["select"]["cap"] == 2
+    assert made["decontaminate"] == recorded["select"]["decontaminate"]
     assert info["verifiers"] == {"math": traits("math")["version"]}
     assert info["decontamination"]["eval_datasets"] == ["arith"]
     # the card's SQL lists the exported rows
@@ -181,6 +183,12 @@ def test_every_export_writes_a_card_that_matches_the_lake(curated, tmp_path, fmt
     if fmt == "rl":
         assert sorted(listed["prompt_id"]) == sorted(r["extra_info"]["prompt_id"] for r in rows)
         assert info["band"]["model"] == cfg.model_id
+        assert (info["band"]["low"], info["band"]["high"]) == (0.2, 0.8)  # the defaults
+        rates = _hand_rates(lake, cfg.model_id)
+        in_band = sum(0.2 <= r <= 0.8 for r in rates.values())
+        [funnel] = info["funnel"]
+        assert funnel == {"measured": len(rates), "in_band": in_band,
+                          "contaminated": in_band - len(rows), "rows": len(rows)}  # fmt: skip
     else:
         funnel = lake.query("SELECT * FROM round_funnel WHERE round = 0").to_dicts()
         assert info["funnel"] == funnel
@@ -283,6 +291,17 @@ def test_grpo_rewards_equal_thresher_verify(grpo, tmp_path):
             lines.append({"prompt": question, "answer": answers[question],
                           "completion": completion_text(completion)})  # fmt: skip
             rewards.append(reward)
+    # and two rows' references stated right and wrong: the agreement is not all zeros
+    from thresher.verifiers.rewards import reward_function
+
+    hand = [data[i] for i in range(2)]
+    texts = [f"The answer is {r['answer']}." for r in hand]
+    texts += [f"The answer is {r['answer']}7." for r in hand]
+    columns = {c: [r[c] for r in hand] * 2 for c in data.column_names if c != "prompt"}
+    assert reward_function()(texts, **columns) == [1.0, 1.0, 0.0, 0.0]
+    lines += [{"prompt": r["question"], "answer": r["answer"], "completion": t}
+              for r, t in zip(hand * 2, texts, strict=True)]  # fmt: skip
+    rewards += [1.0, 1.0, 0.0, 0.0]
     path = tmp_path / "completions.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     res = _thresher("verify", str(path), "-v", "math", "-o", str(tmp_path / "v.jsonl"))
@@ -317,6 +336,13 @@ def test_verls_compute_score_agrees_on_the_same_completions(grpo, rl_export):
     batch = compute_score(data_sources=["arith"] * len(sols), solution_strs=sols,
                           ground_truths=truths, extra_infos=infos)  # fmt: skip
     assert one == want and [b["score"] for b in batch] == want
+    # a reference stated right and wrong, through verl's signature
+    row = next(iter(rows.values()))
+    truth, info = row["reward_model"]["ground_truth"], row["extra_info"]
+    right = compute_score("arith", f"The answer is {truth}.", truth, info)
+    wrong = compute_score("arith", f"The answer is {truth}7.", truth, info)
+    assert (right["score"], right["passed"]) == (1.0, True)
+    assert (wrong["score"], wrong["passed"]) == (0.0, False) and wrong["reason"].startswith("math")
 
 
 def test_a_hanging_candidate_costs_at_most_the_verifiers_timeout():
@@ -324,11 +350,12 @@ def test_a_hanging_candidate_costs_at_most_the_verifiers_timeout():
 
     reward = reward_function(["code"], {"code": {"timeout_s": 1.0}})
     tests = json.dumps(["assert add(1, 2) == 3"])
-    start = time.monotonic()
+    reasons = []
     scores = reward(
         ["def add(a, b):\n    while True:\n        pass\n", "def add(a, b):\n    return a + b\n"],
         question=["Write add(a, b)."] * 2, tests=[tests] * 2, answer=[None, None],
+        log_extra=lambda name, values: reasons.extend(values),
     )  # fmt: skip
-    elapsed = time.monotonic() - start
     assert scores == [0.0, 1.0]
-    assert elapsed < 30, "the hanging candidate was stopped by the sandbox's time limit"
+    # the option reached the sandbox: the loop was stopped at 1 s, not the default 10 s
+    assert reasons[0] in ("code: timed out after 1 s", "code: timed out after 1.0 s"), reasons
