@@ -1,13 +1,14 @@
 """Samples spent where they teach: tokens generated per kept example, k at once against k in
-chunks that stop a prompt once selection has what it keeps (`sampling.chunk`).
+chunks that stop a prompt once more samples cannot change how many selection keeps of it
+(`sampling.chunk`): on the same samples both sides keep the same number.
 
 Both curate the same prompts with the same model, verifiers and selection (cap distinct
 passing answers per prompt; by default the frontier filter `max_pass_rate: 0.99`, which
-drops prompts solved every time) in lakes of their own, on one shared engine; candidates are the
-same whichever way k is reached, so the chunked side samples a subset of the fixed side's
-candidate identities. Prints each side's tokens, kept examples and tokens per kept
-example, and `tokens per kept example ratio: X` (fixed / chunked; above 1: chunks spend
-fewer tokens per kept example).
+drops prompts solved every time and so needs all k of a prompt that keeps passing) in lakes
+of their own, on one shared engine; candidates are the same whichever way k is reached, so
+the chunked side samples a subset of the fixed side's candidate identities. Prints each
+side's tokens, kept examples and tokens per kept example, and `tokens per kept example
+ratio: X` (fixed / chunked; above 1: chunks spend fewer tokens per kept example).
 
     .venv/bin/python bench/chunks.py [--prompts 400] [--k 8] [--chunk 2] [--cap 2]
         [--max-pass-rate 0.99]

@@ -166,11 +166,13 @@ def sampled_batches(
 
 
 @task(name="chunk", cache_policy=NO_CACHE)
-def chunk_task(lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str]) -> set[str]:
+def chunk_task(
+    lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str], ks: dict[str, int]
+) -> set[str]:
     """The prompts of these candidates that need no more samples (selection's view)."""
     from thresher.selection.stage import satisfied_prompts
 
-    return satisfied_prompts(Lake(lake_root), cfg.select, plan, ids, cfg.sampling.chunk or 1)
+    return satisfied_prompts(Lake(lake_root), cfg.select, plan, ids, ks)
 
 
 def top_up_in_chunks(
@@ -183,14 +185,14 @@ def top_up_in_chunks(
     sampled: Sampled,
 ) -> tuple[list[str], int, int]:
     """After a batch's first chunk (verified): sample `sampling.chunk` more for each prompt
-    selection is not yet satisfied with, verify, and again, up to its k. Returns every
+    whose kept count more samples could still change, verify, and again, up to its k. Returns every
     candidate id of the batch, the candidates written and the verdicts written."""
     chunk = cfg.sampling.chunk or 1
-    cfg_q, plan_q = quote(cfg), quote(plan)
+    cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(ks)
     ids, written, verified = list(sampled.ids), 0, 0
     have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in batch}
     while True:
-        done = chunk_task(lake_root, cfg_q, plan_q, quote(ids))
+        done = chunk_task(lake_root, cfg_q, plan_q, quote(ids), ks_q)
         more = [
             p
             for p in batch

@@ -47,13 +47,14 @@ def select_candidates(
 
 
 def satisfied_prompts(
-    lake: Lake, settings: SelectConfig, plan: RoundPlan, candidate_ids: list[str], chunk: int
+    lake: Lake,
+    settings: SelectConfig,
+    plan: RoundPlan,
+    candidate_ids: list[str],
+    ks: dict[str, int],
 ) -> set[str]:
-    """The prompts of these candidates that more samples are unlikely to change the
-    selection of: those with `cap` distinct passing unhinted answers (text, spacing
-    folded); those whose last chunk added no distinct passing answer to the ones before it
-    (the model says the same right thing again); and, where `max_pass_rate` drops prompts
-    solved too often, those whose first `chunk` samples all passed."""
+    """The prompts of these candidates whose further samples (up to their k in `ks`)
+    cannot change how many candidates selection keeps of them (see `chunk_rule`)."""
     from thresher.stores.queries import selection_inputs
 
     rows = selection_inputs(lake, candidate_ids, plan.rule, plan.digests or None, plan.ranking)
@@ -61,32 +62,32 @@ def satisfied_prompts(
     for r in rows:
         if not r["hinted"]:
             by_prompt.setdefault(r["prompt_id"], []).append(r)
-    easy = settings.max_pass_rate is not None and settings.max_pass_rate < 1
     return {
         p
         for p, group in by_prompt.items()
-        if chunk_rule(group, settings.cap, chunk, easy, settings.lowercase) is not None
+        if chunk_rule(group, settings.cap, ks[p], settings.max_pass_rate, settings.lowercase)
+        is not None
     }
 
 
 def chunk_rule(
-    group: list[dict], cap: int, chunk: int, drops_easy: bool, lowercase: bool = False
+    group: list[dict],
+    cap: int,
+    k: int,
+    max_pass_rate: float | None = None,
+    lowercase: bool = False,
 ) -> str | None:
-    """Why a prompt's samples so far (rows with sample_idx, text, passed) need no more:
-    "cap", "stalled" or "always" (see `satisfied_prompts`); None: sample on."""
+    """Why a prompt's samples so far (rows with text and passed) settle what selection keeps
+    of its k: "too_easy" (more than `max_pass_rate` of k passed, whatever comes next) or
+    "cap" (`cap` distinct passing answers, and enough failures that the rest cannot make
+    it too easy); None: sample on. The number kept is then the same as with all k."""
     from thresher.selection.select import normalised_hash
 
-    group = sorted(group, key=lambda r: r["sample_idx"])
-    n = len(group)
-    passing = [normalised_hash(r["text"] or "", lowercase) if r["passed"] else None for r in group]
-    every = len(set(passing) - {None})
-    if every >= cap:
+    passed = sum(bool(r["passed"]) for r in group)
+    failed = len(group) - passed
+    if max_pass_rate is not None and passed > max_pass_rate * k:
+        return "too_easy"
+    distinct = {normalised_hash(r["text"] or "", lowercase) for r in group if r["passed"]}
+    if len(distinct) >= cap and (max_pass_rate is None or k - failed <= max_pass_rate * k):
         return "cap"
-    last = n - (n - 1) % chunk - 1  # where the last chunk started
-    before = len(set(passing[:last]) - {None})
-    if last > 0 and before >= 1 and every == before:
-        return "stalled"
-    first = group[:chunk]
-    if drops_easy and len(first) == chunk and all(r["passed"] for r in first):
-        return "always"
     return None

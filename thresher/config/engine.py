@@ -94,8 +94,9 @@ class SamplingConfig(_Strict):
         default=None,
         ge=1,
         description="sample k in chunks of this many, verifying between them: a prompt stops "
-        "once it has select.cap distinct passing answers, or (with select.max_pass_rate) "
-        "once its first chunk all passed; unset: k at once",
+        "once more samples cannot change how many selection keeps of it (select.cap distinct "
+        "passing answers and, with select.max_pass_rate, failures enough that it cannot be "
+        "too easy; or already too easy whatever comes next); unset: k at once",
     )
 
     tools: ToolsConfig | None = Field(
