@@ -185,8 +185,9 @@ def top_up_in_chunks(
     sampled: Sampled,
 ) -> tuple[list[str], int, int]:
     """After a batch's first chunk (verified): sample `sampling.chunk` more for each prompt
-    whose kept count more samples could still change, verify, and again, up to its k. Returns every
-    candidate id of the batch, the candidates written and the verdicts written."""
+    whose kept count more samples could still change, verify, and again, up to its k.
+    Returns every candidate id of the batch, the candidates written and the verdicts
+    written."""
     chunk = cfg.sampling.chunk or 1
     cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(ks)
     ids, written, verified = list(sampled.ids), 0, 0
