@@ -132,6 +132,15 @@ def eval_cmd(
         list[int] | None, typer.Option("-k", help="pass@k to report (repeatable; default 1 and 8).")
     ] = None,
     n: Annotated[int, typer.Option(help="Samples per prompt (at least the largest k).")] = 8,
+    name: Annotated[
+        str,
+        typer.Option(
+            "--name",
+            help="The name the evaluation is filed under: `thresher report --name` and "
+            "`python -m thresher.evaluators.compare` find it by it (samples are shared "
+            "with any evaluation that sampled the same way).",
+        ),
+    ] = "eval",
     verifier: Annotated[
         list[str] | None,
         typer.Option(
@@ -186,6 +195,7 @@ def eval_cmd(
     tool_cfg = ({"max_calls": max_calls} if max_calls is not None else {}) if tools else None
     try:
         cfg = EvalConfig(
+            name=name,
             model=model,
             round=round_,
             n=n,

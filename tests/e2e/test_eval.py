@@ -72,6 +72,15 @@ def test_eval_writes_pass_at_k_and_resumes(tiny_model, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert lake.count("candidates") == 24 * 4 and lake.count("evals") == 8
 
+    # filed under another name: the same samples, judged again as a run of that name
+    third = subprocess.run([*cmd, "--name", "other"], capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert lake.count("candidates") == 24 * 4 and lake.count("evals") == 16
+    names = lake.query(
+        "SELECT json_extract_string(config, '$.name') AS name FROM runs WHERE flow = 'evaluate'"
+    )["name"].to_list()
+    assert sorted(set(names)) == ["eval", "other"]
+
 
 def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp_path):
     """Ingested as `test`, the split is read by nothing but `thresher eval --split test
