@@ -103,19 +103,18 @@ def export_rl(
             + (f" ({len(prompts)} did, all overlapping an eval prompt)" if prompts else "")
         )
     paths = save_rl(rl_rows(kept, model, verify), to)
+    overlaps = len(prompts) - len(kept)
+    # an RL export's funnel: prompts measured, in the band, overlapping an eval, written
+    funnel = {"measured": measured_prompts(lake, model), "in_band": len(prompts),
+              "contaminated": overlaps, "rows": len(kept)}  # fmt: skip
     info = provenance(
         lake, "rl", len(kept), [p["prompt_id"] for p in kept], [],
         band_sql_text(model, low, high), _verifier_versions([verify]),
         runs=pass_rate_runs(lake, model),
         extra={"band": {"model": model, "low": low, "high": high, "in_band": len(prompts),
-                        "contaminated": len(prompts) - len(kept)}},
+                        "contaminated": overlaps}, "funnel": [funnel]},
         license_=license_,
     )  # fmt: skip
-    # an RL export's funnel: prompts measured, in the band, overlapping an eval, written
-    info["funnel"] = [
-        {"measured": measured_prompts(lake, model), "in_band": len(prompts),
-         "contaminated": len(prompts) - len(kept), "rows": len(kept)}
-    ]  # fmt: skip
     info["decontamination"] = {
         "enabled": True,
         "eval_datasets": settings.eval_datasets or info["decontamination"]["eval_datasets"],
@@ -123,7 +122,7 @@ def export_rl(
         "ngram": None if settings.exact else settings.ngram,
     }
     save_card(to, info, "train.parquet", f"thresher RL prompts of {model}")
-    return {"model": model, "rows": len(kept), "contaminated": len(prompts) - len(kept), **paths}
+    return {"model": model, "rows": len(kept), "contaminated": overlaps, **paths}
 
 
 def push_to_hub(to: Path, repo: str, fmt: str, private: bool = False) -> str:
