@@ -19,6 +19,7 @@ import polars as pl
 
 from thresher.intervals import wilson_interval
 from thresher.stores.lake import Lake
+from thresher.stores.queries import latest_curated_round
 
 RULE = "rule"  # the selection rule's verdict, beside each verifier's
 
@@ -169,8 +170,6 @@ def check_round(
 
 def latest_round(lake: Lake, name: str | None = None) -> int:
     """The latest round the pipeline (default: any pipeline) curated."""
-    from thresher.stores.queries import latest_curated_round
-
     found = latest_curated_round(lake, name)
     if found is None:
         raise AuditError(

@@ -34,8 +34,19 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from thresher.answers import answer_key
 from thresher.config import MonitorsGateConfig
+from thresher.selection.minhash import signatures
 from thresher.stores.lake import ROUND_MONITOR_COLUMNS, Lake
+from thresher.stores.queries import (
+    current_selection_id,
+    latest_overall_eval,
+    selection_answers,
+    selection_outcomes,
+    selection_texts,
+)
+from thresher.stores.tables import write_monitors
+from thresher.verifiers.extract import extract_answer
 
 NUM_PERM, SHINGLE_SIZE = 128, 5  # selection's near-duplicate defaults
 TEXT_BATCH_ROWS = 50_000  # candidate texts read and measured at once
@@ -66,8 +77,6 @@ def round_monitors(lake: Lake, name: str | None, round_: int) -> dict[str, Any]:
 def record_monitors(lake: Lake, name: str | None, round_: int, run_id: str | None) -> dict:
     """Measure the round's monitors and append them to `monitors` (a monitor recorded
     before for the same selection and evaluation adds nothing); returns them."""
-    from thresher.stores.tables import write_monitors
-
     monitors, eval_run_id = _measure(lake, name, round_)
     if monitors:
         rows = monitor_rows(monitors, name, round_, eval_run_id)
@@ -109,7 +118,6 @@ def task_answer_monitors(answers: pl.DataFrame) -> pl.DataFrame:
     reference): the top final answer and its share among the model's answers, the kept
     ones and the references (one per prompt), the distinct answers, and `excess`, the
     kept top answer's share less its share of the references."""
-    from thresher.answers import answer_key
 
     def top(keys: list[str | None]) -> tuple[str | None, float | None, Counter]:
         counts = Counter(k for k in keys if k is not None)
@@ -160,8 +168,6 @@ TASK_ANSWER_SCHEMA = {
 
 
 def _task_answers(lake: Lake, selection_id: str) -> pl.DataFrame:
-    from thresher.stores.queries import selection_answers
-
     return task_answer_monitors(selection_answers(lake, selection_id))
 
 
@@ -217,8 +223,6 @@ def check_monitors(monitors: dict[str, Any], gate: MonitorsGateConfig) -> list[s
 
 def _measure(lake: Lake, name: str | None, round_: int) -> tuple[dict[str, Any], str | None]:
     """The round's monitors and the evaluation its headroom was read from."""
-    from thresher.stores.queries import current_selection_id, selection_outcomes
-
     selection_id = current_selection_id(lake, name, round_)
     if selection_id is None:
         return {}, None
@@ -280,8 +284,6 @@ def _headroom(
     """pass@k - pass@1 (largest k), the pass@k it used and the evaluation's run id, from
     the pipeline's latest overall held-out evaluation of the model that sampled the round
     (`model`; unknown: model `round_`)."""
-    from thresher.stores.queries import latest_overall_eval
-
     metrics = latest_overall_eval(lake, name, round_, model)
     values = {}
     for metric, value in zip(metrics["metric"], metrics["value"], strict=True):
@@ -297,8 +299,6 @@ def _headroom(
 def _text_monitors(lake: Lake, selection_id: str, prompts: int) -> dict[str, Any]:
     """distinct_answers, similarity and the top opening and closing sentences with their
     shares (of `prompts`), over the selection's unhinted candidates, a frame at a time."""
-    from thresher.stores.queries import selection_texts
-
     distinct: list[np.ndarray] = []
     similar: list[np.ndarray] = []
     openings: Counter[str] = Counter()
@@ -341,8 +341,6 @@ def _text_monitors(lake: Lake, selection_id: str, prompts: int) -> dict[str, Any
 
 def _distinct_answers(texts: list[str], group: np.ndarray) -> np.ndarray:
     """Per group (0..G-1), how many distinct final answers its texts give."""
-    from thresher.verifiers.extract import extract_answer
-
     answers = []
     for text in texts:
         answer, _ = extract_answer(text)
@@ -355,8 +353,6 @@ def _distinct_answers(texts: list[str], group: np.ndarray) -> np.ndarray:
 def _similarities(texts: list[str], group: np.ndarray) -> np.ndarray:
     """Per group, the mean pairwise MinHash Jaccard estimate of its texts (NaN: fewer than
     two)."""
-    from thresher.selection.minhash import signatures
-
     return pairwise_similarity(signatures(texts, NUM_PERM, SHINGLE_SIZE), group)
 
 

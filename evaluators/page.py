@@ -11,17 +11,29 @@ from pathlib import Path
 import polars as pl
 import polars.selectors as cs
 
-from thresher.evaluators.audit import verifier_quality
+from thresher.evaluators.audit import quality_shown, verifier_disagreement, verifier_quality
+from thresher.evaluators.pseudo_labels import majority_accuracy
 from thresher.evaluators.report import (
     best_and_rollbacks,
     difficulty_by_round,
     eval_by_round,
+    forgetting_by_round,
     funnel_by_round,
+    gain_by_task,
     monitors_by_round,
     pass_rates_by_round,
     pipeline_names,
+    prior_by_task,
     round_table,
+    signal_by_round,
+    spend_by_round,
+    task_answers_by_round,
+    task_frontier_by_round,
+    task_pass_by_round,
+    test_results,
+    test_strength_tables,
     tokens_by_round,
+    training_mix,
 )
 from thresher.stores.lake import Lake
 
@@ -46,8 +58,6 @@ def write_report(
     evals = eval_by_round(lake, name)
     funnel = funnel_by_round(lake, name)
     if evals.is_empty() and funnel.is_empty():
-        from thresher.evaluators.report import test_results
-
         if test_results(lake, name).is_empty():
             raise NoRounds(no_rounds_message(lake, name))
     out = Path(out_dir)
@@ -285,6 +295,22 @@ def _draw_monitors(monitors: pl.DataFrame, out: Path, plots: dict[str, str]) -> 
         _plot_monitors(monitors, out / "monitors.png")
 
 
+# the monitors plotted as lines of their own: (column, line style, colour)
+# fmt: off
+SHARE_LINES = (("similarity", "s--", "tab:orange"), ("top_opening_share", "^:", "tab:purple"),
+               ("top_closing_share", "v:", "tab:brown"), ("mixed_share", "d-.", "tab:gray"))
+LENGTH_LINES = (("all_p50", "o-", "tab:blue"), ("all_p90", "o--", "tab:blue"),
+                ("kept_p50", "s-", "tab:green"), ("kept_p90", "s--", "tab:green"))
+# fmt: on
+
+
+def _plot_lines(ax, rows: pl.DataFrame, lines: tuple, tag: str) -> None:
+    """One line per (column, style, colour) of `lines`, by round, labelled with its column."""
+    rounds = rows["round"].to_list()
+    for column, style, color in lines:
+        ax.plot(rounds, rows[column].to_list(), style, color=color, label=f"{column}{tag}")
+
+
 def _plot_monitors(monitors: pl.DataFrame, path: Path) -> None:
     fig = _figure(11.0, 4.0)
     answers, lengths = fig.subplots(1, 2)
@@ -295,20 +321,8 @@ def _plot_monitors(monitors: pl.DataFrame, path: Path) -> None:
         rounds = rows["round"].to_list()
         answers.plot(rounds, rows["distinct_answers"].to_list(), "o-", color="tab:blue",
                      label=f"distinct answers{tag}")  # fmt: skip
-        for column, style, color in (
-            ("similarity", "s--", "tab:orange"),
-            ("top_opening_share", "^:", "tab:purple"),
-            ("top_closing_share", "v:", "tab:brown"),
-            ("mixed_share", "d-.", "tab:gray"),
-        ):
-            shares.plot(rounds, rows[column].to_list(), style, color=color, label=f"{column}{tag}")
-        for column, style, color in (
-            ("all_p50", "o-", "tab:blue"),
-            ("all_p90", "o--", "tab:blue"),
-            ("kept_p50", "s-", "tab:green"),
-            ("kept_p90", "s--", "tab:green"),
-        ):
-            lengths.plot(rounds, rows[column].to_list(), style, color=color, label=f"{column}{tag}")
+        _plot_lines(shares, rows, SHARE_LINES, tag)
+        _plot_lines(lengths, rows, LENGTH_LINES, tag)
         _round_axis(lengths, rounds)
         _round_axis(answers, rounds)
     answers.set_ylabel("distinct final answers per prompt")
@@ -359,9 +373,6 @@ def _monitors_section(monitors: pl.DataFrame, name: str | None) -> list[str]:
 def _audit_section(lake: Lake, name: str | None, quality: pl.DataFrame) -> list[str]:
     """The verifier-quality tables: labelled rates per round and verifier, disagreement
     between verifiers, and how often the majority's pseudo-label was right."""
-    from thresher.evaluators.audit import quality_shown, verifier_disagreement
-    from thresher.evaluators.pseudo_labels import majority_accuracy
-
     parts = [
         "<h2>Verifier quality</h2>",
         "<p>Per round and verifier, on candidates labelled in audits (<code>thresher "
@@ -409,8 +420,6 @@ def _best_lines(best: int | None, rolled: list[tuple]) -> list[str]:
 
 def _signal_section(lake: Lake, name: str | None) -> list[str]:
     """Per round: prompts sampled, skipped as solved, retired, and the share in the band."""
-    from thresher.evaluators.report import signal_by_round
-
     table = signal_by_round(lake, name)
     if table.is_empty() or table["in_band"].null_count() == table.height:
         return []
@@ -426,8 +435,6 @@ def _signal_section(lake: Lake, name: str | None) -> list[str]:
 
 def _forgetting_section(lake: Lake, name: str | None) -> list[str]:
     """Each forgetting check's pass@1 per round beside the base model's (eval.also)."""
-    from thresher.evaluators.report import forgetting_by_round
-
     table = forgetting_by_round(lake, name) if name is not None else pl.DataFrame()
     if table.is_empty():
         return []
@@ -463,8 +470,6 @@ def _plot_tasks(table: pl.DataFrame, path: Path) -> None:
 def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     """Held-out pass@1 per task and round with 95 % intervals (a table and a plot), and the
     last round's gain over the base model on the same prompts."""
-    from thresher.evaluators.report import gain_by_task, prior_by_task, task_pass_by_round
-
     table = task_pass_by_round(lake, name) if name is not None else pl.DataFrame()
     if table.is_empty() or table["task"].n_unique() < 2:
         (out / "tasks.png").unlink(missing_ok=True)
@@ -511,8 +516,6 @@ def _task_section(lake: Lake, name: str | None, out: Path) -> list[str]:
 def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     """Per round and task: the curriculum level (plotted when an environment generated
     the prompts), the prompts always and never solved, the share in between."""
-    from thresher.evaluators.report import spend_by_round, task_frontier_by_round
-
     table = task_frontier_by_round(lake, name)
     if table.is_empty() or table["task"].n_unique() < 2 and table["level"].is_null().all():
         (out / "levels.png").unlink(missing_ok=True)
@@ -562,8 +565,6 @@ def _rounds_picture(fig, ax, table: pl.DataFrame, path: Path, alt: str) -> str:
 def _answers_section(lake: Lake, name: str | None, out: Path) -> list[str]:
     """Per round and task: the top final answer's share among kept candidates against its
     share of the references (a collapse onto one answer shows as the gap)."""
-    from thresher.evaluators.report import task_answers_by_round
-
     table = task_answers_by_round(lake, name)
     if table.is_empty() or "kept_top_share" not in table.columns:
         (out / "answers.png").unlink(missing_ok=True)
@@ -630,8 +631,6 @@ def _tools_section(evals: pl.DataFrame, out: Path) -> list[str]:
 
 def _mix_section(lake: Lake, name: str | None) -> list[str]:
     """Each model's training mix (train.mix), when one was used."""
-    from thresher.evaluators.report import training_mix
-
     mix = training_mix(lake, name)
     if mix.is_empty():
         return []
@@ -647,8 +646,6 @@ def _mix_section(lake: Lake, name: str | None) -> list[str]:
 def _test_section(lake: Lake, name: str | None) -> list[str]:
     """The sealed test split's results, apart from the rounds: opened only by final
     evaluations, every opening counted."""
-    from thresher.evaluators.report import test_results
-
     results = test_results(lake, name)
     if results.is_empty():
         return []
@@ -664,8 +661,6 @@ def _test_section(lake: Lake, name: str | None) -> list[str]:
 
 def _strength_section(lake: Lake) -> list[str]:
     """How strong the code prompts' tests are (`thresher tests-audit`), when audited."""
-    from thresher.evaluators.report import test_strength_tables
-
     summary, weak = test_strength_tables(lake)
     if summary.is_empty():
         return []

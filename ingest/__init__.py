@@ -1,1 +1,2 @@
-"""Ingest: prompt files (raw or via a dataset preset) and labelled audit sheets, into the lake."""
+"""Ingest: prompts into the lake (files, dataset presets, environments), labelled audit
+sheets, and the synthetic arithmetic problems of the demos and tiny models."""

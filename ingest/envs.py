@@ -13,9 +13,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from thresher.config.env import EnvironmentConfig
+from thresher.config.env import SEED_STRIDE, EnvironmentConfig, round_dataset
+from thresher.ids import content_id
 from thresher.ingest.load import IngestError, IngestReport, RawRow, ingest_rows
 from thresher.stores.lake import Lake
+from thresher.stores.queries import env_levels, held_out_questions, task_pass_rates
 
 ENVIRONMENTS = ("reasoning-gym",)
 INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
@@ -179,8 +181,6 @@ def describe(spec: EnvSpec) -> str:
     """The ingest source string: environment, tasks, size, seed and a digest of the tasks'
     weights and configs (each row's meta has its config in full). Short and free of quotes,
     so that it can be pasted into a shell's SQL."""
-    from thresher.ids import content_id
-
     settings = content_id("env", {n: t.model_dump() for n, t in spec.tasks.items()})[:8]
     mixture = " mixture" if spec.mixture else ""
     return (
@@ -208,9 +208,6 @@ def round_levels(
     """Each task's level for round `round_`, and why: its start in round 0 (or without a
     curriculum); else the last round's level, one harder when its pass rate was above the
     band, one easier below it (a task already at its hardest or easiest level says so)."""
-    from thresher.config.env import round_dataset
-    from thresher.stores.queries import env_levels, task_pass_rates
-
     plans: dict[str, dict[str, Any]] = {}
     before = env_levels(lake, round_dataset(dataset, round_ - 1)) if round_ > 0 else {}
     rates = task_pass_rates(lake, pipeline, round_ - 1) if round_ > 0 and env.curriculum else {}
@@ -245,9 +242,6 @@ def generate_round(
     task `per_round` distinct entries at the task's level, from the round's own seeds,
     none equal to an eval or test prompt; returns per task its level, why, and counts.
     Generating a round again ingests nothing new."""
-    from thresher.config.env import SEED_STRIDE, round_dataset
-    from thresher.stores.queries import held_out_questions
-
     plans = round_levels(lake, env, dataset, pipeline, round_)
     held_out = held_out_questions(lake)
     seed = env.seed + round_ * SEED_STRIDE

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thresher.ids import content_id
+from thresher.ingest.presets import PRESETS, find_preset, suggest
 from thresher.stores.lake import Lake, now
 from thresher.stores.queries import existing_prompts
 from thresher.stores.schemas import PROMPT_FIELDS
@@ -476,8 +477,6 @@ def ingest_rows(
 
 
 def _find_preset(name: str):
-    from thresher.ingest.presets import PRESETS, find_preset
-
     found = find_preset(name)
     if found is None:
         raise IngestError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
@@ -489,7 +488,6 @@ def _with_hint(reason: str, record: dict, report: IngestReport) -> str:
     missing = next((f for f in ("prompt", "task") if reason.startswith(f"missing {f}")), None)
     if missing is None:
         return reason
-    from thresher.ingest.presets import suggest
 
     hint = suggest(record, missing)
     if hint is None:

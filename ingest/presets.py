@@ -20,6 +20,7 @@ PYTHON3 = 3  # CodeContests' Language enum: 0 unknown, 1 PYTHON (2.x), 2 CPP, 3 
 
 
 def _reject(reason: str) -> NoReturn:
+    # local: cycle with thresher.ingest.load (and `thresher --help` loads presets, not the lake)
     from thresher.ingest.load import RowError
 
     raise RowError(reason)
@@ -375,39 +376,42 @@ def _meta(**columns: str) -> Derive:
     return lambda record: {key: record.get(column) for key, column in columns.items()}
 
 
+def _math_preset(
+    name: str, title: str, question: str, solution: str, answer: Derive, maps: str
+) -> Preset:
+    """A math dataset: `question` -> prompt, `answer` from the row, `solution` -> meta.solution."""
+    return Preset(
+        name,
+        title,
+        "math",
+        f"'{question}'",
+        f"{question} -> prompt; {maps}",
+        {"prompt": _prompt(question), "answer": answer, "meta": _meta(solution=solution)},
+        frozenset({question, solution}),
+    )
+
+
 _APPS_FIELDS = {"prompt": apps_prompt, "tests": apps_tests, "meta": apps_meta}
 _APPS_COLUMNS = frozenset({"question", "solutions", "input_output", "starter_code"})
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset(
+        _math_preset(
             "gsm8k",
             "GSM8K",
-            "math",
-            "'question'",
-            "question -> prompt; what follows the last #### in answer -> answer; "
-            "answer -> meta.solution",
-            {
-                "prompt": _prompt("question"),
-                "answer": gsm8k_answer,
-                "meta": _meta(solution="answer"),
-            },
-            frozenset({"question", "answer"}),
+            "question",
+            "answer",
+            gsm8k_answer,
+            "what follows the last #### in answer -> answer; answer -> meta.solution",
         ),
-        Preset(
+        _math_preset(
             "math",
             "MATH",
-            "math",
-            "'problem'",
-            "problem -> prompt; the last \\boxed{} in solution -> answer; "
-            "solution, level, type -> meta",
-            {
-                "prompt": _prompt("problem"),
-                "answer": math_answer,
-                "meta": _meta(solution="solution"),
-            },
-            frozenset({"problem", "solution"}),
+            "problem",
+            "solution",
+            math_answer,
+            "the last \\boxed{} in solution -> answer; solution, level, type -> meta",
         ),
         Preset(
             "humaneval",

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import thresher
 from thresher.stores.lake import ROUND_FUNNEL_SQL, Lake
 
 # Licences of sources thresher knows by where their prompts came from (`prompts.source`).
@@ -114,8 +115,6 @@ def provenance(
     """What made an export: sources and their licences, the runs (model, its weights'
     hash, sampling, verifiers and their versions, selection, decontamination), the funnel,
     thresher's version, and the SQL that lists the rows."""
-    import thresher
-
     sources = lake.query(SOURCES_SQL, {"ids": prompt_ids}).to_dicts()
     for s in sources:
         s["license"] = license_ or source_license(s["source"]) or "unknown"

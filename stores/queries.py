@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from thresher.config import SEALED
+from thresher.rules import rule_sql
 from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, PROMPT_DIFFICULTY_SQL, Lake
 from thresher.stores.schemas import PASSED_SQL
 
@@ -36,8 +38,6 @@ def load_prompts(
     """Prompts of one dataset split, ordered by prompt_id (a stable order for batching);
     the test split only with `open_test` (a final evaluation)."""
     if split == "test" and not open_test:
-        from thresher.config import SEALED
-
         raise SealedSplit(SEALED)
     sql = "SELECT * FROM prompts WHERE dataset = ? AND split = ?"
     params: list = [dataset, split]
@@ -153,8 +153,6 @@ def unsolved_prompts(
     lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
 ) -> list[str]:
     """Prompts of these (unhinted) candidates that have verdicts, none of which passes `rule`."""
-    from thresher.rules import rule_sql
-
     con = lake.connect()
     try:
         _with_ids(con, "cands", "candidate_id", candidate_ids)
@@ -251,8 +249,6 @@ def selection_inputs(
     ranking: list[str] | None = None,
 ) -> list[dict]:
     """These candidates as selection reads them, ordered by prompt, unhinted first, index."""
-    from thresher.rules import rule_sql
-
     con = lake.connect()
     try:
         _with_ids(con, "cands", "candidate_id", candidate_ids)

@@ -6,9 +6,20 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from thresher.stores.lake import Lake, now
+from thresher.tracking import dotted
+
+
+class Run(TypedDict):
+    """What identifies a tracked run besides its id (record_run checks the names)."""
+
+    flow: str
+    round_: int
+    model: str
+    config: dict[str, Any]
+    selection_id: NotRequired[str | None]
 
 
 def record_run(
@@ -52,40 +63,22 @@ def record_run(
 
 
 @contextmanager
-def tracked_run(
-    lake: Lake,
-    run_id: str,
-    *,
-    flow: str,
-    round_: int,
-    model: str,
-    config: dict[str, Any],
-    selection_id: str | None = None,
-) -> Iterator[dict[str, Any]]:
+def tracked_run(lake: Lake, run_id: str, **run: Unpack[Run]) -> Iterator[dict[str, Any]]:
     """Record a run as running, then completed with the summary the body puts in the
     yielded dict, or failed with that summary so far and the error that escaped it. Every
     row records the table versions of the lake snapshot read last before the run began (a
     train run's data)."""
-    started = now()
-    run = dict(
-        flow=flow,
-        round_=round_,
-        model=model,
-        config=config,
-        started_at=started,
-        selection_id=selection_id,
-        read_versions=lake.read_versions() or lake.versions(),
-    )
-    record_run(lake, run_id, status="running", **run)
+    fixed = dict(started_at=now(), read_versions=lake.read_versions() or lake.versions())
+    record_run(lake, run_id, status="running", **fixed, **run)
     summary: dict[str, Any] = {}
     try:
         yield summary
     except BaseException as e:
         # what the body recorded before it failed stays (which verdicts it read, ...)
         error = {**summary, "error": f"{type(e).__name__}: {e}"}
-        record_run(lake, run_id, status="failed", summary=error, finished=True, **run)
+        record_run(lake, run_id, status="failed", summary=error, finished=True, **fixed, **run)
         raise
-    record_run(lake, run_id, status="completed", summary=summary, finished=True, **run)
+    record_run(lake, run_id, status="completed", summary=summary, finished=True, **fixed, **run)
 
 
 def latest_run(lake: Lake, run_id: str) -> dict[str, Any] | None:
@@ -101,19 +94,10 @@ def latest_run(lake: Lake, run_id: str) -> dict[str, Any] | None:
     return row
 
 
-def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(config, dict):
-        out: dict[str, Any] = {}
-        for key, value in config.items():
-            out |= _flatten(value, f"{prefix}{key}.")
-        return out
-    return {prefix.rstrip("."): config}
-
-
 def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """The settings `after` changes, as "select.cap 1 -> 3" (keys only `after` has count
     when they differ from nothing)."""
-    old, new = _flatten(before), _flatten(after)
+    old, new = dotted(before), dotted(after)
     return [
         f"{key} {json.dumps(old.get(key), default=str)} -> {json.dumps(value, default=str)}"
         for key, value in sorted(new.items())

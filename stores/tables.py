@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from thresher.ids import content_id
 from thresher.stores.lake import Lake, now
 
 if TYPE_CHECKING:
@@ -82,8 +83,6 @@ def write_train_metrics(lake: Lake, run_id: str, rows: list[dict]) -> int:
 
 def reject_row(source: str, line: int, raw: str, reason: str, dataset: str | None) -> dict:
     """A `rejects` row: the input row as read, where it was, and why it was refused."""
-    from thresher.ids import content_id
-
     return {
         "reject_id": content_id(source, line, raw, reason),
         "source": source,

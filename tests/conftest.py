@@ -100,13 +100,21 @@ def lake(tmp_path):
     return Lake(tmp_path / "lake")
 
 
+def _model_sources() -> bytes:
+    """The sources the tiny models are built from (their training texts included)."""
+    from thresher.ingest import synthetic
+    from thresher.trainers import tiny
+
+    return b"".join(Path(m.__file__).read_bytes() for m in (tiny, synthetic))
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """A tiny Llama trained briefly on arithmetic, built once and cached by source hash."""
     from thresher.trainers import tiny
 
     steps = 150
-    digest = hashlib.sha256(Path(tiny.__file__).read_bytes() + str(steps).encode()).hexdigest()
+    digest = hashlib.sha256(_model_sources() + str(steps).encode()).hexdigest()
     out = ROOT / ".cache" / f"test-model-{digest[:12]}"
     if not (out / "config.json").exists():
         tmp = out.with_name(out.name + ".tmp")
@@ -121,7 +129,7 @@ def tool_model() -> Path:
     built once and cached by source hash."""
     from thresher.trainers import tiny
 
-    digest = hashlib.sha256(Path(tiny.__file__).read_bytes() + b"tool").hexdigest()
+    digest = hashlib.sha256(_model_sources() + b"tool").hexdigest()
     out = ROOT / ".cache" / f"tool-model-{digest[:12]}"
     if not (out / "config.json").exists():
         tmp = out.with_name(out.name + ".tmp")
@@ -135,20 +143,13 @@ def tiny_reward_model(tiny_model, tmp_path_factory) -> str:
     """A tiny randomly initialised Llama reward model (one score per text) with the tiny
     model's tokenizer, saved once per session."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from thresher.trainers.tiny import llama_config
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = llama_config(tokenizer, hidden=64, layers=1, num_labels=1)
     out = tmp_path_factory.mktemp("rm") / "tiny-rm"
     LlamaForSequenceClassification(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -20,7 +20,8 @@ ALLOWED = {
     # the judge verifier generates with the samplers' engine (one engine per process)
     "verifiers": {"samplers", "stores"},
     "selection": {"stores"},
-    "trainers": {"stores"},
+    # the tiny demo models learn the synthetic problems ingest makes (ingest.synthetic)
+    "trainers": {"stores", "ingest"},
     # round monitors read answers as the rule verifiers extract them (verifiers.extract) and
     # similarity as selection's near-duplicate removal hashes it (selection.minhash); an
     # evaluation's candidates are found by the samplers' candidate identity (expected_ids)
@@ -95,8 +96,9 @@ def test_no_lazy_import_crosses_the_layers_either(package):
         assert others <= ALLOWED[package], f"{module} imports {sorted(others - ALLOWED[package])}"
 
 
-def test_shared_modules_import_no_stage_and_no_flow():
-    for module, packages in _imports_of(ROOT / "thresher").items():
+@pytest.mark.parametrize("folder", ["thresher", "sandbox"])
+def test_shared_modules_import_no_stage_and_no_flow(folder):
+    for module, packages in _imports_of(ROOT / folder).items():
         crossing = packages & (set(ALLOWED) | {"flows"})
         allowed = SHARED_ALLOWED.get(module, set())
         assert crossing <= allowed, f"{module} imports {sorted(crossing - allowed)}"

@@ -9,19 +9,25 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from thresher.config import TrackingConfig
+if TYPE_CHECKING:
+    from thresher.config import TrackingConfig
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, str]:
-    """Nested config values as `a.b.c` -> text (MLflow's params are flat strings)."""
+def dotted(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings' values by dotted key: {"a": {"b": 1}} -> {"a.b": 1}."""
     if isinstance(value, Mapping):
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         for k, v in value.items():
-            out |= flatten(v, f"{prefix}{k}.")
+            out |= dotted(v, f"{prefix}{k}.")
         return out
-    return {prefix.rstrip("."): str(value)[:6000]}
+    return {prefix.rstrip("."): value}
+
+
+def flatten(value: Any) -> dict[str, str]:
+    """Nested config values as `a.b.c` -> text (MLflow's params are flat strings)."""
+    return {k: str(v)[:6000] for k, v in dotted(value).items()}
 
 
 def numbers(values: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from thresher.config import TrainSettings
-    from thresher.trainers.sft import TrainResult
+from thresher.config import TrainSettings
+from thresher.processes import stop_process
+from thresher.trainers.distributed import close_distributed, init_distributed
+from thresher.trainers.sft import TrainResult, train
 
 TAIL_CHARS = 6000
 
@@ -73,7 +74,6 @@ def run_training(
             on_metrics,
             progress,
         )
-    from thresher.trainers.sft import train
 
     return train(settings, base_model, rows, out_dir, on_metrics=on_metrics, progress=progress)
 
@@ -95,7 +95,6 @@ def train_distributed(
     job_dir = out / "launch"
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
-    from thresher.config import TrainSettings
 
     job = {  # the settings alone: a TrainConfig's pipeline fields stay with the flow
         "settings": settings.model_dump(include=set(TrainSettings.model_fields)),
@@ -136,12 +135,7 @@ def _run(
             time.sleep(0.5)
     finally:
         if proc.poll() is None:  # interrupted: stop the training processes too
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
         reader.join()
     _drain_metrics(job_dir / "metrics.jsonl", offset, on_metrics)
     return proc.returncode, "".join(tail)
@@ -176,8 +170,6 @@ def _drain_metrics(path: Path, offset: int, on_metrics: Callable | None) -> int:
 
 
 def _read_result(job_dir: Path) -> TrainResult:
-    from thresher.trainers.sft import TrainResult
-
     path = job_dir / "result.json"
     if not path.exists():
         raise DistributedTrainingError(f"distributed training exited without writing {path}")
@@ -197,10 +189,6 @@ def _metrics_writer(path: Path) -> Callable[[list[dict]], None]:
 
 def run_job(job_dir: Path) -> None:
     """One training process's work: join the group, train, rank 0 writes the result."""
-    from thresher.config import TrainSettings
-    from thresher.trainers.distributed import close_distributed, init_distributed
-    from thresher.trainers.sft import train
-
     job = json.loads((job_dir / "job.json").read_text())
     with open(job_dir / "rows.jsonl") as f:
         rows = [json.loads(line) for line in f if line.strip()]

@@ -10,7 +10,9 @@ from fractions import Fraction
 from typing import Any
 
 from thresher.config import MixSource, TrainConfig
+from thresher.stores.export import latest_kept_round, reference_rows, sft_rows
 from thresher.stores.lake import Lake
+from thresher.trainers.stage import load_rows
 
 
 class MixError(ValueError):
@@ -58,9 +60,6 @@ def source_rows(
     cfg: TrainConfig, lake: Lake, src: MixSource, ingested: dict[str, list[str]]
 ) -> tuple[list[dict[str, Any]], int]:
     """One source's SFT rows (before mixing) and how many of its prompts lacked a response."""
-    from thresher.stores.export import latest_kept_round, reference_rows, sft_rows
-    from thresher.trainers.stage import load_rows
-
     if src.is_self:
         if src.rounds is not None:
             data = cfg.data.model_copy(update={"all_rounds": src.rounds == "all"})

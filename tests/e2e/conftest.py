@@ -13,6 +13,8 @@ import httpx
 import pytest
 from helpers import free_port
 
+from thresher.processes import stop_process
+
 
 @pytest.fixture(scope="session")
 def prefect_server():
@@ -68,11 +70,7 @@ def prefect_server():
     try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
 
 

@@ -29,7 +29,6 @@ from thresher.config.curate import (
     GatedStage,
     GatesConfig,
     RationalizeConfig,
-    gates_moved_out_of_select,
 )
 from thresher.config.engine import (
     EXECUTOR_HELP,
@@ -112,7 +111,6 @@ __all__ = [
     "TrainSettings",
     "VerifyConfig",
     "forgetting_name",
-    "gates_moved_out_of_select",
     "load_config",
     "never",
     "skipped_by",

@@ -96,7 +96,7 @@ class ConfigError(ValueError):
 def load_config(path: str | Path, kind: type[BaseModel] | None = None) -> Any:
     """Read and validate a pipeline YAML config (curate by default)."""
     if kind is None:
-        from thresher.config.curate import CurateConfig
+        from thresher.config.curate import CurateConfig  # local: cycle with thresher.config.curate
 
         kind = CurateConfig
     path = Path(path)

@@ -1,17 +1,22 @@
 """Run untrusted code against trusted tests in a sandbox; a referee the code cannot reach decides.
 
 One sandbox (bubblewrap: no network, read-only system, private /tmp, nothing of the
-pipeline's files or environment, an unprivileged user) runs `harness.py` as its init
+pipeline's files or environment, an unprivileged user) runs the harness as its init
 process: the referee. The referee takes a list of jobs on stdin and runs each job's tests
 itself, against candidate processes started from a clean starter process that never
 sees a test: function calls cross a socket as plain values, programs' outputs are
 compared in the referee. So exit codes, printed text, patched builtins, objects that equal
 everything and walks through the candidate's own interpreter decide nothing. Several
 sandboxes run in parallel, each taking a chunk of jobs.
+
+The harness is one stdlib-only script: the texts of `protocol.py`, `candidate.py`,
+`programs.py` and `referee.py` joined in that order. The pipeline imports those modules
+only for their helpers (`protocol.decode`, `programs.compare_output`).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -24,8 +29,28 @@ from pathlib import Path
 
 NOBODY = 65534
 
+HARNESS_PARTS = ("protocol.py", "candidate.py", "programs.py", "referee.py")
+
+
+def harness_source() -> str:
+    """The harness script: its parts' texts in order, without their imports of each other."""
+    texts = ["from __future__ import annotations\n"]
+    for name in HARNESS_PARTS:
+        text = Path(__file__).with_name(name).read_text()
+        lines = text.splitlines(keepends=True)
+        for node in reversed(ast.parse(text).body):
+            if isinstance(node, ast.ImportFrom) and _joined_away(node.module or ""):
+                del lines[node.lineno - 1 : node.end_lineno]
+        texts.append("".join(lines))
+    return "\n\n".join(texts)
+
+
+def _joined_away(module: str) -> bool:
+    return module == "__future__" or module.startswith("thresher.sandbox")
+
+
 # Runs inside the sandbox as `python3 -I -S -c HARNESS referee`: standalone, stdlib only.
-HARNESS = Path(__file__).with_name("harness.py").read_text()
+HARNESS = harness_source()
 
 
 @dataclass(frozen=True)

@@ -1,419 +1,39 @@
-"""The referee and the candidate runner that live inside the code sandbox (stdlib only).
+"""The referee (stdlib only): pid 1 of the sandbox, the harness script's entry point.
 
-This file is not imported by the pipeline: `sandbox.py` runs its text with
-`python3 -I -S -c SOURCE referee` inside bubblewrap, where it is the namespace's init.
-
-Roles, each its own process:
-
-- the referee (pid 1 of the sandbox): reads the jobs on stdin, runs the tests, which are
-  trusted data, and prints one verdict per job. Candidates cannot signal it (init
-  ignores signals it has no handler for), read its memory or descriptors (it is not
-  dumpable), or reach its interpreter.
-- the starter: a fresh interpreter started by the referee before any candidate runs; it
-  never sees a test. For each candidate process it forks itself, so the candidate's
-  memory holds nothing but the starter and the candidate's own code.
-- the candidate: runs the code under resource limits. With function tests it answers
-  calls from the referee: arguments and results cross a socket as plain values (numbers,
-  strings, bytes, None, booleans, tuples, lists, dicts, sets, exact built-in types
-  only), so every comparison happens in the referee. With stdin/stdout tests it is a
-  program whose output the referee compares. With `isolation: shared` it runs the tests
-  itself and reports the count, which the candidate can forge.
+It reads the jobs on stdin, runs the tests, which are trusted data, and prints one verdict
+per job. Candidates cannot signal it (init ignores signals it has no handler for), read
+its memory or descriptors (it is not dumpable), or reach its interpreter.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import json
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 
-TYPE_CHECKING = False  # no typing import at run time: annotations only
-if TYPE_CHECKING:
-    from types import CodeType
-    from typing import Any, NoReturn
-
-MAX_DEPTH = 100
-HEADER = struct.Struct(">I")
-PREIMPORT = (
-    "math re itertools collections functools heapq bisect string typing fractions decimal "
-    "statistics random hashlib copy operator datetime array types"
+from thresher.sandbox.candidate import starter_main
+from thresher.sandbox.programs import compare_output, pump, runtime_error
+from thresher.sandbox.protocol import (
+    COUNTER,
+    Gone,
+    NotPlain,
+    Timeout,
+    compile_counted,
+    deadline_left,
+    decode,
+    describe,
+    encode,
+    has_assert,
+    not_dumpable,
+    recv_msg,
+    send_msg,
+    short,
 )
-
-
-# -- plain values ----------------------------------------------------------------------
-
-
-class NotPlain(Exception):
-    """A value that may not cross between the candidate and the referee."""
-
-
-def encode(value: Any, depth: int = 0) -> Any:
-    """A JSON-able form of a plain value; NotPlain for anything else (subclasses too)."""
-    if depth > MAX_DEPTH:
-        raise NotPlain(f"a value nested deeper than {MAX_DEPTH} levels")
-    t = type(value)
-    if value is None or t is bool or t is str or t is float:
-        return value
-    if t is int:
-        return value if -(1 << 53) < value < (1 << 53) else {"x": format(value, "x")}
-    if t is list:
-        return [encode(v, depth + 1) for v in value]
-    if t is tuple or t is set or t is frozenset:
-        tag = {tuple: "t", set: "s", frozenset: "f"}[t]
-        return {tag: [encode(v, depth + 1) for v in value]}
-    if t is dict:
-        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    if t is bytes:
-        return {"b": value.hex()}
-    if t is complex:
-        return {"c": [value.real, value.imag]}
-    name = getattr(t, "__qualname__", "?")
-    raise NotPlain(f"an object of type {name}" if type(name) is str else "an object")
-
-
-def decode(obj: Any, depth: int = 0) -> Any:
-    """The plain value an `encode` form stands for; NotPlain for anything malformed."""
-    if depth > MAX_DEPTH:
-        raise NotPlain(f"a value nested deeper than {MAX_DEPTH} levels")
-    t = type(obj)
-    if obj is None or t is bool or t is int or t is float or t is str:
-        return obj
-    if t is list:
-        return [decode(v, depth + 1) for v in obj]
-    if t is dict and len(obj) == 1:
-        ((tag, body),) = obj.items()
-        try:
-            return _decode_tagged(tag, body, depth)
-        except (TypeError, ValueError, OverflowError):
-            pass
-    raise NotPlain("a malformed value")
-
-
-def _decode_tagged(tag, body, depth):
-    if tag == "x" and type(body) is str and len(body) < 200_000:
-        return int(body, 16)
-    if tag == "b" and type(body) is str:
-        return bytes.fromhex(body)
-    if tag == "c" and type(body) is list and len(body) == 2:
-        if all(type(v) in (int, float) for v in body):
-            return complex(body[0], body[1])
-    if type(body) is not list:
-        raise NotPlain("a malformed value")
-    if tag == "d":
-        pairs = []
-        for pair in body:
-            if type(pair) is not list or len(pair) != 2:
-                raise NotPlain("a malformed value")
-            pairs.append((decode(pair[0], depth + 1), decode(pair[1], depth + 1)))
-        return dict(pairs)
-    items = [decode(v, depth + 1) for v in body]
-    kinds = {"t": tuple, "s": set, "f": frozenset}
-    if tag in kinds:
-        return kinds[tag](items)
-    raise NotPlain("a malformed value")
-
-
-def short(value: Any, n: int = 80) -> str:
-    """repr() cut to n characters."""
-    text = repr(value)
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-# -- framing ---------------------------------------------------------------------------
-
-
-class Timeout(BaseException):
-    """The deadline passed."""
-
-
-class Gone(Exception):
-    """The other end closed the connection."""
-
-
-def send_msg(sock: socket.socket, obj: Any) -> None:
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    sock.sendall(HEADER.pack(len(data)) + data)
-
-
-def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Timeout()
-            sock.settimeout(left)
-        try:
-            chunk = sock.recv(min(n - got, 1 << 20))
-        except TimeoutError:
-            raise Timeout() from None
-        if not chunk:
-            raise Gone()
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def recv_msg(sock: socket.socket, cap: int, deadline: float | None = None) -> Any:
-    (n,) = HEADER.unpack(recv_exact(sock, HEADER.size, deadline))
-    if n > cap:
-        raise OverflowError(f"a message of {n} bytes (the limit is {cap})")
-    return json.loads(recv_exact(sock, n, deadline))
-
-
-# -- counting assertions ---------------------------------------------------------------
-
-COUNTER = "__thresher_assert__"
-
-
-class _CountAsserts(ast.NodeTransformer):
-    def visit_Assert(self, node):
-        call = ast.Expr(ast.Call(ast.Name(COUNTER, ast.Load()), [], []))
-        return [ast.copy_location(call, node), node]
-
-
-def compile_counted(source: str, filename: str) -> CodeType:
-    """Compile test code so that each assert statement reached calls COUNTER first."""
-    tree = _CountAsserts().visit(ast.parse(source, filename))
-    return compile(ast.fix_missing_locations(tree), filename, "exec")
-
-
-def has_assert(source: str) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(source)))
-
-
-# -- the candidate process -------------------------------------------------------------
-
-
-def set_limits(limits: dict[str, Any]) -> None:
-    import resource
-
-    mb = 1024 * 1024
-    cpu = int(limits["cpu_s"])
-    # SIGXCPU at the soft limit names the cause; SIGKILL a second later if it is caught
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    for name, value in (
-        ("RLIMIT_AS", int(limits["memory_mb"]) * mb),
-        ("RLIMIT_FSIZE", int(limits["file_mb"]) * mb),
-        ("RLIMIT_CORE", 0),
-        ("RLIMIT_NPROC", int(limits["max_procs"])),
-    ):
-        resource.setrlimit(getattr(resource, name), (value, value))
-
-
-def candidate_main(header: dict[str, Any], fds: list[int]) -> NoReturn:
-    """The forked candidate: wire descriptors, set limits, read the code, run it; never returns."""
-    os.setsid()
-    data, errs = fds[0], (fds[1] if len(fds) > 1 else None)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    stdio = header["mode"] == "stdio"
-    if stdio:
-        os.dup2(data, 0)
-        os.dup2(data, 1)
-        os.dup2(errs if errs is not None else devnull, 2)
-        os.closerange(3, 1 << 16)
-    else:
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.dup2(data, 3)
-        os.closerange(4, 1 << 16)
-    set_limits(header["limits"])
-    sys.set_int_max_str_digits(0)
-    builtins.exit = builtins.quit = sys.exit  # `-S` leaves them out; programs use them
-    sock = socket.socket(fileno=0 if stdio else 3)
-    try:
-        msg = recv_msg(sock, 1 << 30)
-    except BaseException:
-        os._exit(3)
-    if stdio:
-        sock.detach()
-        run_program(msg["code"])
-    elif header["mode"] == "shared":
-        run_shared(sock, msg)
-    serve_calls(sock, msg["code"])
-
-
-def run_program(code: str) -> NoReturn:
-    """Run a stdin/stdout program as __main__; exit 1 with the error on stderr if it raises."""
-    import io
-
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8")
-    status = 0
-    try:
-        exec(compile(code, "<candidate>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        status = e.code if type(e.code) is int else (0 if e.code is None else 1)
-    except BaseException as e:
-        status = 1
-        try:
-            import traceback
-
-            # as the interpreter prints it, from the candidate's own frames on
-            lines = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
-            last = f"{type(e).__name__}: {str(e)[:300]}"
-            sys.stderr.write("\n" + "".join(lines[:-1])[-1500:] + last + "\n")
-        except BaseException:
-            try:
-                sys.stderr.write(f"\n{type(e).__name__}: {str(e)[:300]}\n")
-            except BaseException:
-                pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            status = status or 1
-    os._exit(status)
-
-
-def _callables(ns):
-    out = []
-    for name, value in list(ns.items()):
-        if type(name) is str and not name.startswith("__") and callable(value):
-            if not isinstance(value, type(os)):
-                out.append(name)
-    return out[:10_000]
-
-
-def serve_calls(sock: socket.socket, code: str) -> NoReturn:
-    """Load the code, report its callables, then answer the referee's calls until it hangs up."""
-    ns = {"__name__": "__candidate__", "__builtins__": builtins}
-    try:
-        exec(compile(code, "<candidate>", "exec"), ns)
-        send_msg(sock, {"ready": _callables(ns)})
-    except (SystemExit, KeyboardInterrupt) as e:
-        send_msg(sock, {"load_error": f"tried to exit while loading ({_describe(e)})"})
-        os._exit(1)
-    except BaseException as e:
-        send_msg(sock, {"load_error": f"raised while loading: {_describe(e)}"})
-        os._exit(1)
-    while True:
-        try:
-            msg = recv_msg(sock, 1 << 30)
-        except BaseException:
-            os._exit(0)
-        reply = _answer(ns, msg)
-        reply["id"] = msg.get("id") if type(msg) is dict else None
-        send_msg(sock, reply)
-
-
-def _answer(ns, msg):
-    try:
-        fn = ns[msg["call"]]
-        args, kwargs = decode(msg["args"]), decode(msg["kwargs"])
-    except BaseException as e:
-        return {"raised": ["TypeError", f"bad call: {_describe(e)}"]}
-    try:
-        result = fn(*args, **kwargs)
-    except (SystemExit, KeyboardInterrupt, GeneratorExit) as e:
-        return {"exit": type(e).__name__}
-    except BaseException as e:
-        return {"raised": [type(e).__name__, _text(e)]}
-    try:
-        return {"ok": encode(result)}
-    except NotPlain as e:
-        return {"refused": str(e)}
-    except RecursionError:
-        return {"refused": f"a value nested deeper than {MAX_DEPTH} levels"}
-
-
-def _text(e):
-    try:
-        return str(e)[:300]
-    except BaseException:
-        return "?"
-
-
-def _describe(e):
-    text = _text(e)
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def run_shared(sock: socket.socket, msg: dict[str, Any]) -> NoReturn:
-    """isolation: shared: run code and tests in this process and report (forgeable) counts."""
-    ns = {"__name__": "__candidate__", "__builtins__": builtins}
-    counted = [0]
-    ns[COUNTER] = lambda: counted.__setitem__(0, counted[0] + 1)
-    passed, total, failure = 0, 0, ""
-    try:
-        exec(compile(msg["code"], "<candidate>", "exec"), ns)
-        tests, entry = msg["tests"], msg.get("entry_point")
-        if isinstance(tests, list):
-            for i, test in enumerate(tests, 1):
-                if not has_assert(test):
-                    exec(compile_counted(test, "<setup>"), ns)
-                    continue
-                total += 1
-                try:
-                    exec(compile_counted(test, f"<test {i}>"), ns)
-                    passed += 1
-                except Exception as e:
-                    failure = failure or f"test {i} failed: {short(test, 120)}: {_describe(e)}"
-        else:
-            total = 1
-            exec(compile_counted(tests, "<tests>"), ns)
-            if entry and callable(ns.get("check")):
-                ns["check"](ns[entry])
-            passed = 1
-    except BaseException as e:
-        failure = failure or _describe(e)
-    send_msg(sock, {"shared": [passed, total, failure, counted[0]]})
-    os._exit(0)
-
-
-# -- the starter -----------------------------------------------------------------------
-
-
-def not_dumpable() -> None:
-    """Forbid ptrace and /proc access to this process by others of the same user."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
-    except Exception:
-        pass
-
-
-def starter_main(fd: int) -> NoReturn:
-    """Fork a candidate process for each request of the referee and report its exit status."""
-    not_dumpable()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in PREIMPORT.split():
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    ctl = socket.socket(fileno=fd)
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(ctl, 65536, 4)
-        except OSError:
-            os._exit(0)
-        if not data:
-            os._exit(0)
-        header = json.loads(data)
-        pid = os.fork()
-        if pid == 0:
-            ctl.close()
-            try:
-                candidate_main(header, fds)
-            finally:
-                os._exit(4)
-        for f in fds:
-            os.close(f)
-        ctl.send(json.dumps({"pid": pid}).encode())
-        _, status = os.waitpid(pid, 0)
-        ctl.send(json.dumps({"exit": status}).encode())
-
-
-# -- the referee -----------------------------------------------------------------------
 
 
 class Stop(BaseException):
@@ -547,7 +167,7 @@ class Referee:
         except Timeout:
             passed, reason = False, f"timed out after {self.limits['timeout_s']} s"
         except Exception as e:  # a fault of the referee or of the tests, never a pass
-            passed, reason = False, f"the referee could not run the tests: {_describe(e)}"
+            passed, reason = False, f"the referee could not run the tests: {describe(e)}"
         finally:
             self.disarm()
             self.clean_up()
@@ -700,7 +320,7 @@ class Referee:
             return False, e.reason
         except Exception as e:
             self.disarm()
-            why = _describe(e)
+            why = describe(e)
             if conn.last:
                 why += f" ({conn.last})"
             return False, why
@@ -868,7 +488,7 @@ class Referee:
                     return
                 except Exception as e:
                     self.disarm()
-                    self.values.append({"error": _describe(e)})
+                    self.values.append({"error": describe(e)})
         except Stop as e:  # the code did not load: no input of this process gets a value
             self.values += [{"error": e.reason}] * (len(inputs) - (len(self.values) - first))
         finally:
@@ -986,113 +606,6 @@ def candidate_exception(name: str, message: str) -> Exception:
         except Exception:
             pass
     return CandidateError(f"{name[:60]}: {message[:300]}")
-
-
-def deadline_left(deadline: float) -> float:
-    return deadline - time.monotonic()
-
-
-def pump(
-    sock: socket.socket, errs: socket.socket, data: bytes, cap: int, deadline: float
-) -> tuple[bytes, bytes, str]:
-    """Feed a program its input and collect its output: (stdout, stderr tail, problem)."""
-    sock.setblocking(False)
-    errs.setblocking(False)
-    out, err, sent = bytearray(), bytearray(), 0
-    reading = [sock, errs]
-    if not data:
-        sock.shutdown(socket.SHUT_WR)
-    while reading:
-        left = deadline_left(deadline)
-        if left <= 0:
-            return bytes(out), bytes(err), "timeout"
-        writing = [sock] if sent < len(data) else []
-        r, w, _ = select.select(reading, writing, [], left)
-        if w:
-            try:
-                sent += sock.send(data[sent : sent + 65536])
-            except BlockingIOError:
-                pass
-            except OSError:
-                sent = len(data)  # the program closed its input: it reads no more
-            if sent >= len(data):
-                try:
-                    sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-        for s in r:
-            try:
-                chunk = s.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                chunk = b""
-            if not chunk:
-                reading.remove(s)
-            elif s is sock:
-                out += chunk
-                if len(out) > cap:
-                    return bytes(out[:cap]), bytes(err), "output"
-            else:
-                err = (err + chunk)[-2048:]
-    return bytes(out), bytes(err), ""
-
-
-def runtime_error(status: int | None, err: bytes) -> str:
-    """Why the program's exit counts as a runtime error, or '' for a clean exit."""
-    tail = err.decode("utf-8", "replace").strip().splitlines()
-    last = tail[-1][:200] if tail else ""
-    if status is None:
-        return "runtime error: the sandbox lost the program's exit status"
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU:
-            return "time limit exceeded (CPU time)"
-        name = {9: "SIGKILL"}.get(sig, str(sig))
-        return f"runtime error: killed by signal {sig} ({name})"
-    code = os.WEXITSTATUS(status)
-    if code:
-        return f"runtime error (exit code {code})" + (f": {last}" if last else "")
-    return ""
-
-
-_NUMBER = None
-
-
-def _as_float(token):
-    global _NUMBER
-    if _NUMBER is None:
-        import re
-
-        _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-    return float(token) if _NUMBER.fullmatch(token) else None
-
-
-def compare_output(
-    got: str, want: str, abs_tol: float = 0.0, rel_tol: float = 0.0
-) -> tuple[bool, str]:
-    """Compare by line and token, ignoring blank lines and spacing; floats within tolerance."""
-    import math
-
-    g = [line.split() for line in got.splitlines() if line.strip()]
-    w = [line.split() for line in want.splitlines() if line.strip()]
-    for n, (gl, wl) in enumerate(zip(g, w, strict=False), 1):
-        for a, b in zip(gl, wl, strict=False):
-            if a == b:
-                continue
-            x, y = _as_float(a), _as_float(b)
-            if (abs_tol or rel_tol) and x is not None and y is not None:
-                if math.isclose(x, y, rel_tol=rel_tol, abs_tol=abs_tol):
-                    continue
-            return False, f"wrong answer on line {n}: expected {short(b, 60)}, got {short(a, 60)}"
-        if len(gl) != len(wl):
-            return False, (
-                f"wrong answer on line {n}: expected {len(wl)} tokens, got {len(gl)} "
-                f"({short(' '.join(gl), 60)})"
-            )
-    if len(g) != len(w):
-        return False, f"wrong answer: expected {len(w)} lines of output, got {len(g)}"
-    return True, ""
 
 
 def reap() -> None:
