@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from thresher.selection.minhash import signatures
+
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -50,8 +52,6 @@ class EvalIndex:
             for key in ngram_keys(text, self.n):
                 self.grams.setdefault(key, item_id)
         if self.minhash_threshold is not None and items:
-            from thresher.selection.minhash import signatures
-
             sigs = signatures([t for _, t in items], shingle_size=self._shingle, lowercase=True)
             self.sigs = sigs if self.sigs is None else np.vstack([self.sigs, sigs])
             self.ids += [i for i, _ in items]
@@ -75,8 +75,6 @@ class EvalIndex:
                     break
             out.append(hit)
         if self.sigs is not None and any(h is None for h in out):
-            from thresher.selection.minhash import signatures
-
             todo = [i for i, h in enumerate(out) if h is None]
             sigs = signatures([texts[i] for i in todo], shingle_size=self._shingle, lowercase=True)
             for i, sig in zip(todo, sigs, strict=True):

@@ -1,31 +1,37 @@
 """Selection: which verified candidates of a round become training data, and why the rest don't.
 
-For each candidate of a batch, in this order: `failed` (the rule does not hold),
-`truncated` (it passed but was cut at max_tokens, unless `keep_truncated`),
-`weak_tests:<kill rate>` (its prompt's tests kill too few mutants, `min_test_strength`),
-`too_easy`
-(its prompt's pass rate is above `max_pass_rate`), `contaminated:<eval item>` (its prompt
-or text overlaps an evaluation item), `duplicate_of:<id>` (same normalised text, or a
-MinHash near-duplicate, of a candidate kept before it), `capped` (over the per-prompt cap
-under the chosen policy), `answer_share:<answer>` (its task keeps more of this final answer
-than the references hold, `answer_balance`), `hint_share` (a hinted candidate over the
-batch's share of hinted data); otherwise kept. One `selections` row each, written through
-the store; the decisions themselves read nothing but the rows they are given.
+`RULES` lists the selection rules in the order they run. Each drops some of the candidates
+no earlier rule dropped and records why as its `DropReason` (some with a detail:
+`contaminated:<eval item>`, `duplicate_of:<id>`); a candidate no rule drops is kept. One
+`selections` row each, written through the store; the rules themselves read nothing but the
+rows they are given and their `Context`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from thresher.answers import answer_key
 from thresher.config import SelectConfig
 from thresher.ids import seeded_key
 from thresher.plan import RoundPlan
+from thresher.selection.minhash import near_duplicates, signatures
 from thresher.stores.lake import Lake
+from thresher.stores.queries import (
+    kept_texts,
+    prompt_kill_rates,
+    reference_answers,
+    selected_count,
+    selection_inputs,
+)
 from thresher.stores.schemas import DropReason
+from thresher.stores.tables import write_selections
 
 
 def normalised_hash(text: str, lowercase: bool) -> str:
@@ -48,6 +54,252 @@ def farthest_first(sigs: np.ndarray, k: int) -> list[int]:
     return chosen
 
 
+@dataclass
+class Context:
+    """What the rules read besides a batch's rows: the settings and what the lake knows."""
+
+    spec: SelectConfig
+    by_prompt: dict[str, list[dict]]  # the batch's rows of each prompt, in row order
+    kept_before: list[tuple] | None = None  # (candidate_id, signature) kept in earlier batches
+    eval_index: Any = None  # a decontam.EvalIndex
+    max_hinted_share: float | None = None
+    kill_rates: dict[str, float | None] | None = None  # prompt -> its tests' kill rate
+    reference_shares: dict[str, dict[str, float]] | None = None  # task -> answer -> share
+    sigs: dict[str, np.ndarray] = field(default_factory=dict)  # candidate_id -> signature
+
+    def sign(self, rows: list[dict]) -> None:
+        """Set each row's `sig`, its text's MinHash signature (computed once per batch)."""
+        todo = [r for r in rows if r["candidate_id"] not in self.sigs]
+        if todo:
+            s = self.spec
+            new = signatures(
+                [r["text"] for r in todo], s.num_perm, s.shingle_size, lowercase=s.lowercase
+            )
+            self.sigs.update(zip((r["candidate_id"] for r in todo), new, strict=True))
+        for r in rows:
+            r["sig"] = self.sigs[r["candidate_id"]]
+
+
+def alive(rows: list[dict]) -> list[dict]:
+    """The rows no rule has dropped so far."""
+    return [r for r in rows if r["reason"] is None]
+
+
+class Rule:
+    """One selection rule: drops some of the rows still kept, giving `reason` as why."""
+
+    reason: DropReason
+    column: str | None = None  # the funnel's count of its drops (stores' FUNNEL_COUNTS_SQL)
+
+    def on(self, ctx: Context) -> bool:
+        """Whether the settings ask for this rule."""
+        return True
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        """Drop the rows of one batch that this rule does not keep."""
+        raise NotImplementedError
+
+    def drop(self, row: dict, detail: str | None = None) -> None:
+        """Record this rule's reason on a row, unless an earlier rule dropped it."""
+        if row["reason"] is None:
+            row["reason"] = self.reason.value if detail is None else self.reason.of(detail)
+
+
+class Failed(Rule):
+    """The verify rule does not hold."""
+
+    reason = DropReason.failed
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for r in rows:
+            if not r["passed"]:
+                self.drop(r)
+
+
+class Truncated(Rule):
+    """It passed but was cut at max_tokens (unless `keep_truncated`)."""
+
+    reason = DropReason.truncated
+    column = "truncated_dropped"
+
+    def on(self, ctx: Context) -> bool:
+        return not ctx.spec.keep_truncated
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for r in rows:
+            if r.get("finish_reason") == "length":
+                self.drop(r)
+
+
+class WeakTests(Rule):
+    """Its prompt's tests kill fewer mutants than `min_test_strength`, or were never audited."""
+
+    reason = DropReason.weak_tests
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.spec.min_test_strength is not None
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        rates = ctx.kill_rates or {}
+        for r in alive(rows):
+            if not r.get("has_tests"):
+                continue
+            if r["prompt_id"] not in rates:
+                self.drop(r, "not audited")
+            elif (rate := rates[r["prompt_id"]]) is None or rate < ctx.spec.min_test_strength:
+                self.drop(r, f"{rate or 0:.2f}")
+
+
+class TooEasy(Rule):
+    """Its prompt's pass rate (of unhinted candidates, if any) is above `max_pass_rate`."""
+
+    reason = DropReason.too_easy
+    column = "too_easy"
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.spec.max_pass_rate is not None
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for group in ctx.by_prompt.values():
+            plain = [r for r in group if not r["hinted"]] or group
+            if sum(r["passed"] for r in plain) / len(plain) > ctx.spec.max_pass_rate:
+                for r in group:
+                    self.drop(r)
+
+
+class Contaminated(Rule):
+    """Its prompt or its text overlaps an evaluation item (the decontamination index)."""
+
+    reason = DropReason.contaminated
+    column = "contaminated"
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.eval_index is not None
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        kept = alive(rows)
+        prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in kept}
+        pids = list(prompt_text)
+        prompt_hits = ctx.eval_index.match([prompt_text[p] for p in pids])
+        by_prompt = dict(zip(pids, prompt_hits, strict=True))
+        text_hits = ctx.eval_index.match([r["text"] for r in kept])
+        for r, hit in zip(kept, text_hits, strict=True):
+            hit = by_prompt[r["prompt_id"]] or hit
+            if hit is not None:
+                self.drop(r, hit)
+
+
+class Duplicate(Rule):
+    """The same normalised text as a candidate of its prompt kept before it."""
+
+    reason = DropReason.duplicate_of
+    column = "duplicates"
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        seen: dict[tuple, str] = {}
+        for r in alive(rows):
+            key = (r["prompt_id"], normalised_hash(r["text"], ctx.spec.lowercase))
+            if key in seen:
+                self.drop(r, seen[key])
+            else:
+                seen[key] = r["candidate_id"]
+
+
+class NearDuplicate(Rule):
+    """A MinHash near-duplicate of a candidate kept before it: of its prompt, or with
+    `across_prompts` of any prompt, earlier batches included."""
+
+    reason = DropReason.duplicate_of
+    column = "duplicates"
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.spec.near_dup
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        kept = alive(rows)
+        if not kept:
+            return
+        ctx.sign(kept)
+        across = ctx.spec.across_prompts
+        before = (ctx.kept_before or []) if across else []
+        sigs = np.vstack([*(s for _, s in before), *(r["sig"] for r in kept)])
+        ids = [c for c, _ in before] + [r["candidate_id"] for r in kept]
+        groups = ["*"] * len(ids) if across else [r["prompt_id"] for r in kept]
+        dups = near_duplicates(sigs, groups, ctx.spec.threshold)
+        for r, dup in zip(kept, dups[len(before) :], strict=True):
+            if dup is not None:
+                self.drop(r, ids[dup])
+
+
+class Capped(Rule):
+    """Over the per-prompt `cap`, its prompt's candidates ranked by `policy`."""
+
+    reason = DropReason.capped
+    column = "capped"
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for group in ctx.by_prompt.values():
+            kept = alive(group)
+            if len(kept) <= ctx.spec.cap:
+                continue
+            if ctx.spec.policy == "diverse":
+                ctx.sign(kept)
+            for r in _rank(kept, ctx.spec)[ctx.spec.cap :]:
+                self.drop(r)
+
+
+class AnswerShare(Rule):
+    """Its task keeps more of its final answer than the references hold (`answer_balance`)."""
+
+    reason = DropReason.answer_share
+    column = "answer_share"
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.spec.answer_balance is not None
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for task in sorted({r.get("task") or "" for r in rows}):
+            part = [r for r in rows if (r.get("task") or "") == task]
+            shares = (ctx.reference_shares or {}).get(task, {})
+            balance_answers(part, shares, ctx.spec.answer_balance)
+
+
+class HintShare(Rule):
+    """A hinted candidate over the batch's share of hinted data (`max_hinted_share`)."""
+
+    reason = DropReason.hint_share
+    column = "hint_share"
+
+    def on(self, ctx: Context) -> bool:
+        return ctx.max_hinted_share is not None and ctx.max_hinted_share < 1
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        kept = alive(rows)
+        hinted = [r for r in kept if r["hinted"]]
+        share = ctx.max_hinted_share
+        allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
+        for r in hinted[allowed:]:
+            self.drop(r)
+
+
+RULES: tuple[Rule, ...] = (
+    Failed(),
+    Truncated(),
+    WeakTests(),
+    TooEasy(),
+    Contaminated(),
+    Duplicate(),
+    NearDuplicate(),
+    Capped(),
+    AnswerShare(),
+    HintShare(),
+)
+# The drop reasons in the order the rules give them, and the funnel's counts of them
+# (the `round_funnel` view's columns) in that order.
+REASONS: tuple[DropReason, ...] = tuple(dict.fromkeys(rule.reason for rule in RULES))
+FUNNEL_DROPS: tuple[str, ...] = tuple(dict.fromkeys(r.column for r in RULES if r.column))
+
+
 def decide(
     rows: list[dict],
     spec: SelectConfig,
@@ -57,7 +309,7 @@ def decide(
     kill_rates: dict[str, float | None] | None = None,
     reference_shares: dict[str, dict[str, float]] | None = None,
 ) -> None:
-    """Set `reason` (None = kept) on each row dict of one batch, in place.
+    """Set `reason` (None = kept) on each row dict of one batch, in place, by `RULES`.
 
     Rows must be ordered by prompt, then unhinted before hinted, then sample index.
     `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
@@ -69,90 +321,14 @@ def decide(
     """
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
-        r["reason"] = None if r["passed"] else DropReason.failed.value
-        if r["reason"] is None and r.get("finish_reason") == "length" and not spec.keep_truncated:
-            r["reason"] = DropReason.truncated.value
+        r["reason"] = None
         by_prompt.setdefault(r["prompt_id"], []).append(r)
-
-    if spec.min_test_strength is not None:
-        rates = kill_rates or {}
-        for r in rows:
-            if r["reason"] is not None or not r.get("has_tests"):
-                continue
-            if r["prompt_id"] not in rates:
-                r["reason"] = DropReason.weak_tests.of("not audited")
-            elif (rate := rates[r["prompt_id"]]) is None or rate < spec.min_test_strength:
-                r["reason"] = DropReason.weak_tests.of(f"{rate or 0:.2f}")
-
-    if spec.max_pass_rate is not None:
-        for group in by_prompt.values():
-            plain = [r for r in group if not r["hinted"]] or group
-            rate = sum(r["passed"] for r in plain) / len(plain)
-            if rate > spec.max_pass_rate:
-                for r in group:
-                    r["reason"] = r["reason"] or DropReason.too_easy.value
-
-    if eval_index is not None:
-        alive = [r for r in rows if r["reason"] is None]
-        prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in alive}
-        pids = list(prompt_text)
-        prompt_hits = dict(zip(pids, eval_index.match([prompt_text[p] for p in pids]), strict=True))
-        text_hits = eval_index.match([r["text"] for r in alive])
-        for r, hit in zip(alive, text_hits, strict=True):
-            hit = prompt_hits[r["prompt_id"]] or hit
-            if hit is not None:
-                r["reason"] = DropReason.contaminated.of(hit)
-
-    seen: dict[tuple, str] = {}
-    for r in rows:
-        if r["reason"] is None:
-            key = (r["prompt_id"], normalised_hash(r["text"], spec.lowercase))
-            if key in seen:
-                r["reason"] = DropReason.duplicate_of.of(seen[key])
-            else:
-                seen[key] = r["candidate_id"]
-
-    alive = [r for r in rows if r["reason"] is None]
-    need_sigs = spec.near_dup or spec.policy == "diverse"
-    if need_sigs and alive:
-        from thresher.selection.minhash import near_duplicates, signatures
-
-        sigs = signatures(
-            [r["text"] for r in alive], spec.num_perm, spec.shingle_size, lowercase=spec.lowercase
-        )
-        for r, sig in zip(alive, sigs, strict=True):
-            r["sig"] = sig
-        if spec.near_dup:
-            before = kept_before if spec.across_prompts else []
-            all_sigs = np.vstack([*(s for _, s in before or []), sigs]) if before else sigs
-            ids = [c for c, _ in before or []] + [r["candidate_id"] for r in alive]
-            groups = ["*"] * len(ids) if spec.across_prompts else [r["prompt_id"] for r in alive]
-            dups = near_duplicates(all_sigs, groups, spec.threshold)
-            offset = len(before or [])
-            for i, r in enumerate(alive):
-                if dups[offset + i] is not None:
-                    r["reason"] = DropReason.duplicate_of.of(ids[dups[offset + i]])
-
-    for group in by_prompt.values():
-        alive = [r for r in group if r["reason"] is None]
-        if len(alive) <= spec.cap:
-            continue
-        for r in _rank(alive, spec)[spec.cap :]:
-            r["reason"] = DropReason.capped.value
-
-    if spec.answer_balance is not None:
-        for task in sorted({r.get("task") or "" for r in rows}):
-            part = [r for r in rows if (r.get("task") or "") == task]
-            shares = (reference_shares or {}).get(task, {})
-            balance_answers(part, shares, spec.answer_balance)
-
-    if max_hinted_share is not None and max_hinted_share < 1:
-        kept = [r for r in rows if r["reason"] is None]
-        hinted = [r for r in kept if r["hinted"]]
-        share = max_hinted_share
-        allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
-        for r in hinted[allowed:]:
-            r["reason"] = DropReason.hint_share.value
+    ctx = Context(
+        spec, by_prompt, kept_before, eval_index, max_hinted_share, kill_rates, reference_shares
+    )
+    for rule in RULES:
+        if rule.on(ctx):
+            rule.apply(rows, ctx)
 
 
 def balance_answers(rows: list[dict], shares: dict[str, float], margin: float) -> None:
@@ -160,16 +336,12 @@ def balance_answers(rows: list[dict], shares: dict[str, float], margin: float) -
     share of what is kept exceeds its share in `shares` plus `margin` (one of each answer
     always stays); rows of the prompts with most kept rows go first, the last sampled of
     them first."""
-    from collections import Counter
-
-    from thresher.answers import answer_key
-
-    kept = [r for r in rows if r["reason"] is None]
+    kept = alive(rows)
     keys = {id(r): answer_key(r.get("answer")) for r in kept}
     changed = True
     while changed:
         changed = False
-        kept = [r for r in kept if r["reason"] is None]
+        kept = alive(kept)
         counts = Counter(k for k in (keys[id(r)] for r in kept) if k is not None)
         for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
             limit = shares.get(key, 0.0) + margin
@@ -195,10 +367,6 @@ def reference_shares(
     references: list[tuple[str | None, str | None]],
 ) -> dict[str, dict[str, float]]:
     """task -> answer key -> its share of the task's references, from (task, reference)."""
-    from collections import Counter, defaultdict
-
-    from thresher.answers import answer_key
-
     per_task: dict[str, Counter] = defaultdict(Counter)
     for task, reference in references:
         key = answer_key(reference)
@@ -210,11 +378,11 @@ def reference_shares(
     }
 
 
-def _rank(alive: list[dict], spec: SelectConfig) -> list[dict]:
+def _rank(kept: list[dict], spec: SelectConfig) -> list[dict]:
     """The prompt's surviving candidates, best first, unhinted before hinted."""
     out = []
     for hinted in (False, True):
-        part = [r for r in alive if r["hinted"] == hinted]
+        part = [r for r in kept if r["hinted"] == hinted]
         if not part:
             continue
         if spec.policy == "diverse":
@@ -245,9 +413,6 @@ def select_batch(
     verdicts read to the run's verifier options (none: every verdict), its ranking
     verifiers' scores rank candidates for `top_score`, and its tests suite is the one
     whose strength `min_test_strength` reads."""
-    from thresher.stores.queries import selected_count, selection_inputs
-    from thresher.stores.tables import write_selections
-
     used = plan.digests or None
     rows = selection_inputs(lake, candidate_ids, plan.rule, used, plan.ranking)
     if rows and selected_count(lake, plan.selection_id, candidate_ids) >= len(rows):
@@ -255,26 +420,34 @@ def select_batch(
     kept_before = (
         _kept_signatures(lake, plan.selection_id, settings) if settings.across_prompts else None
     )
-    kill_rates = None
-    if settings.min_test_strength is not None:
-        from thresher.stores.queries import prompt_kill_rates
-
-        prompts = sorted({r["prompt_id"] for r in rows})
-        kill_rates = prompt_kill_rates(lake, prompts, plan.tests_suite)
-    shares = None
-    if settings.answer_balance is not None and rows:
-        from thresher.stores.queries import reference_answers
-
-        refs = reference_answers(lake, sorted({r["prompt_id"] for r in rows}))
-        shares = reference_shares(list(zip(refs["task"], refs["reference"], strict=True)))
+    kill_rates = _kill_rates(lake, plan, settings, rows)
+    shares = _reference_shares(lake, settings, rows)
     decide(rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates, shares)
     return write_selections(lake, plan.selection_id, plan.round, rows, plan.run_id)
 
 
-def _kept_signatures(lake: Lake, selection_id: str, spec: SelectConfig) -> list[tuple]:
-    from thresher.selection.minhash import signatures
-    from thresher.stores.queries import kept_texts
+def _kill_rates(
+    lake: Lake, plan: RoundPlan, spec: SelectConfig, rows: list[dict]
+) -> dict[str, float | None] | None:
+    """The kill rates of the rows' prompts' tests (None: `min_test_strength` is off)."""
+    if spec.min_test_strength is None:
+        return None
+    prompts = sorted({r["prompt_id"] for r in rows})
+    return prompt_kill_rates(lake, prompts, plan.tests_suite)
 
+
+def _reference_shares(
+    lake: Lake, spec: SelectConfig, rows: list[dict]
+) -> dict[str, dict[str, float]] | None:
+    """The answer shares of the rows' references (None: `answer_balance` is off)."""
+    if spec.answer_balance is None or not rows:
+        return None
+    refs = reference_answers(lake, sorted({r["prompt_id"] for r in rows}))
+    return reference_shares(list(zip(refs["task"], refs["reference"], strict=True)))
+
+
+def _kept_signatures(lake: Lake, selection_id: str, spec: SelectConfig) -> list[tuple]:
+    """(candidate_id, signature) of what this selection kept in earlier batches."""
     kept = kept_texts(lake, selection_id)
     if kept.height == 0:
         return []

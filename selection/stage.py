@@ -3,25 +3,29 @@ the decontamination index built once per process and lake."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
 from thresher.config import DecontamConfig, SelectConfig
 from thresher.ids import content_id
-from thresher.plan import RoundPlan
+from thresher.plan import Batch, RoundPlan
+from thresher.selection.decontam import EvalIndex, file_items
+from thresher.selection.select import normalised_hash, select_batch
 from thresher.stores.lake import Lake
+from thresher.stores.queries import eval_items, eval_prompt_count, selection_inputs
 
-if TYPE_CHECKING:
-    from thresher.selection.decontam import EvalIndex
+_EVAL_INDEXES: dict[str, EvalIndex] = {}
 
-_EVAL_INDEXES: dict[str, Any] = {}
+
+@dataclass(frozen=True)
+class Selected:
+    """What selecting one batch did."""
+
+    written: int  # selections written (0: this selection of the batch exists already)
 
 
 def eval_index(lake: Lake, settings: DecontamConfig) -> EvalIndex | None:
     """The decontamination index for these settings (None when off), built once per process
     and lake, and again when the lake's eval prompts change in number."""
-    from thresher.selection.decontam import EvalIndex, file_items
-    from thresher.stores.queries import eval_items, eval_prompt_count
-
     if not settings.enabled:
         return None
     key = content_id(lake.location, repr(settings), eval_prompt_count(lake))
@@ -35,38 +39,30 @@ def eval_index(lake: Lake, settings: DecontamConfig) -> EvalIndex | None:
     return _EVAL_INDEXES[key]
 
 
-def select_candidates(
-    lake: Lake, settings: SelectConfig, plan: RoundPlan, candidate_ids: list[str]
-) -> int:
-    """Drop failures, easy prompts, contamination and duplicates, cap per prompt, say why;
-    returns selections written (0 when this selection of the batch exists already)."""
-    from thresher.selection.select import select_batch
-
-    index = eval_index(lake, settings.decontaminate)
-    return select_batch(lake, plan, settings, candidate_ids, index)
+def run(lake: Lake, plan: RoundPlan, section: SelectConfig, batch: Batch) -> Selected:
+    """Select the batch's candidates by the plan and `section`, saying why each dropped one
+    was dropped (selection.select.RULES)."""
+    index = eval_index(lake, section.decontaminate)
+    return Selected(written=select_batch(lake, plan, section, batch.candidate_ids, index))
 
 
-def satisfied_prompts(
-    lake: Lake,
-    settings: SelectConfig,
-    plan: RoundPlan,
-    candidate_ids: list[str],
-    ks: dict[str, int],
-) -> set[str]:
-    """The prompts of these candidates whose further samples (up to their k in `ks`)
-    cannot change how many candidates selection keeps of them (see `chunk_rule`)."""
-    from thresher.stores.queries import selection_inputs
-
-    rows = selection_inputs(lake, candidate_ids, plan.rule, plan.digests or None, plan.ranking)
+def satisfied_prompts(lake: Lake, plan: RoundPlan, section: SelectConfig, batch: Batch) -> set[str]:
+    """The prompts of the batch's candidates whose further samples (up to their k: in
+    `batch.ks`, else the plan's) cannot change how many candidates selection keeps of them
+    (see `chunk_rule`)."""
+    rows = selection_inputs(
+        lake, batch.candidate_ids, plan.rule, plan.digests or None, plan.ranking
+    )
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
         if not r["hinted"]:
             by_prompt.setdefault(r["prompt_id"], []).append(r)
+    ks = batch.ks if batch.ks is not None else dict.fromkeys(by_prompt, plan.k)
+    s = section
     return {
         p
         for p, group in by_prompt.items()
-        if chunk_rule(group, settings.cap, ks[p], settings.max_pass_rate, settings.lowercase)
-        is not None
+        if chunk_rule(group, s.cap, ks[p], s.max_pass_rate, s.lowercase) is not None
     }
 
 
@@ -81,8 +77,6 @@ def chunk_rule(
     of its k: "too_easy" (more than `max_pass_rate` of k passed, whatever comes next) or
     "cap" (`cap` distinct passing answers, and enough failures that the rest cannot make
     it too easy); None: sample on. The number kept is then the same as with all k."""
-    from thresher.selection.select import normalised_hash
-
     passed = sum(bool(r["passed"]) for r in group)
     failed = len(group) - passed
     if max_pass_rate is not None and passed > max_pass_rate * k:
