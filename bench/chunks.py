@@ -16,26 +16,22 @@ ratio: X` (fixed / chunked; above 1: chunks spend fewer tokens per kept example)
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
+
+from shared import WORD_MODEL, options, word_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=400)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--chunk", type=int, default=2)
-    parser.add_argument("--cap", type=int, default=2)
+    parser = options(__doc__, prompts=400, k=8, chunk=2, cap=2, model=WORD_MODEL)
     parser.add_argument(
         "--max-pass-rate",
         type=float,
         default=0.99,
         help="selection's frontier filter on both sides (1: off, keep always-solved prompts)",
     )
-    parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
     args = parser.parse_args()
 
     import os
@@ -45,11 +41,9 @@ def main() -> None:
     from thresher.flows.curate import run_curate
     from thresher.ingest.load import ingest
     from thresher.stores.lake import Lake
+    from thresher.verifiers.math_answer import MathAnswer
 
-    if not (Path(args.model) / "config.json").exists():
-        from thresher.trainers.tiny import make_word_problem_model
-
-        make_word_problem_model(args.model)
+    word_model(args.model)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for side, chunk in (("k at once", None), (f"chunks of {args.chunk}", args.chunk)):
@@ -69,7 +63,7 @@ def main() -> None:
                     "max_tokens": 32,
                 },  # fmt: skip
                 engine={"dtype": "float32", "max_model_len": 256},
-                verify={"verifiers": ["math"]},
+                verify={"verifiers": [MathAnswer.name]},
                 select={
                     "cap": args.cap,
                     "near_dup": False,

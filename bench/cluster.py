@@ -13,7 +13,6 @@ nothing; the cluster's throughput is then about engines x X x the local rate).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from shared import WORD_MODEL, fresh_lake, options, word_model, word_problems
 
 
 def start_ray(cpus: int) -> tuple[subprocess.Popen, str]:
@@ -53,27 +52,20 @@ def start_ray(cpus: int) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=250)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
+    parser = options(
+        __doc__, prompts=2000, batch_size=250, max_tokens=32, repeats=3, model=WORD_MODEL
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import CurateConfig
     from thresher.flows.curate import curate_flow
     from thresher.flows.runtime import flow_settings, quiet_task_logs, stop_engine
-    from thresher.ingest.load import ingest
     from thresher.samplers.engines import local_engine
-    from thresher.stores.lake import Lake
-    from thresher.trainers.tiny import make_word_problem_model, write_word_problems
+    from thresher.verifiers.math_answer import MathAnswer
 
-    if not (Path(args.model) / "config.json").exists():
-        make_word_problem_model(args.model)
-    tmp = Path(tempfile.mkdtemp(prefix="thresher-bench-cluster-"))
-    source = write_word_problems(tmp / "prompts.jsonl", args.prompts, seed=2)
+    word_model(args.model)
+    tmp, source = word_problems("thresher-bench-cluster-", args.prompts, seed=2)
     head, address = start_ray(cpus=(os.cpu_count() or 2) + 1)  # the engine's, and 1 to verify
     base = dict(
         name="bench-cluster",
@@ -82,7 +74,7 @@ def main() -> None:
         prompts={"dataset": "bench"},
         sampling={"k": 1, "temperature": 0.0, "max_tokens": args.max_tokens},
         engine={"dtype": "float32", "max_model_len": 256},
-        verify={"verifiers": ["math"]},
+        verify={"verifiers": [MathAnswer.name]},
         select={"cap": 4, "decontaminate": {"enabled": False}},
     )
     local = CurateConfig(**base)
@@ -92,12 +84,11 @@ def main() -> None:
     quiet_task_logs()
 
     def run(cfg: CurateConfig) -> float:
-        lake = Lake(Path(tempfile.mkdtemp(dir=tmp)) / "lake")
-        ingest(lake, source, dataset="bench")
+        lake = fresh_lake(tmp, source)
         start = time.perf_counter()
         with flow_settings():
             summary = curate_flow(cfg.model_dump(), str(lake.root), False)
-        assert summary["candidates"] == args.prompts, summary
+        assert summary.candidates == args.prompts, summary
         return time.perf_counter() - start
 
     try:

@@ -81,6 +81,8 @@ def main() -> None:
 
     from thresher.stores.lake import Lake
     from thresher.verifiers import get_verifier
+    from thresher.verifiers.envs import ReasoningGym
+    from thresher.verifiers.math_answer import MathAnswer
 
     lake = Lake(args.lake, create=False)
     batch = lake.query(
@@ -96,8 +98,9 @@ def main() -> None:
     same, own = direct_scores(rows)
     same_pass = [s is not None and s >= 1.0 for s in same]
     own_pass = [s is not None and s >= 1.0 for s in own]
-    ours = get_verifier("reasoning_gym").run(batch)
-    math = get_verifier("math").run(batch)
+    ours_name, math_name = ReasoningGym.name, MathAnswer.name
+    ours = get_verifier(ours_name).run(batch)
+    math = get_verifier(math_name).run(batch)
     ours_pass, math_pass = ours["passed"].to_list(), math["passed"].to_list()
     tagged = ["</answer>" in (r["text"] or "") and "<answer>" in (r["text"] or "") for r in rows]
     n = len(rows)
@@ -132,7 +135,7 @@ def main() -> None:
                 continue
             kind = ", ".join(
                 f"{name} {'passes' if v else 'fails'}"
-                for name, v in zip(("reasoning_gym", "direct", "math"), verdicts, strict=True)
+                for name, v in zip((ours_name, "direct", math_name), verdicts, strict=True)
             )
             kinds[(row["task"], kind)] += 1
             f.write(
@@ -143,8 +146,8 @@ def main() -> None:
                         "text": row["text"],
                         "direct_score": same[i],
                         "own_evaluation_score": own[i],
-                        "reasoning_gym": ours.row(i, named=True)["reason"],
-                        "math": math.row(i, named=True)["reason"],
+                        ours_name: ours.row(i, named=True)["reason"],
+                        math_name: math.row(i, named=True)["reason"],
                         "kind": kind,
                     },
                     ensure_ascii=False,

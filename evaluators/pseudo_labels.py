@@ -20,21 +20,24 @@ import polars as pl
 
 from thresher.intervals import wilson_interval
 from thresher.stores.lake import Lake
+from thresher.verifiers.majority import Majority
 
-MAJORITY = "majority"
+MAJORITY = Majority.name
+# the reference check that reads answers as the majority compares them by default
+AGAINST = Majority.Options.model_fields["compare"].default
 
 # {candidates}: (round, candidate_id, prompt_id) of the unhinted candidates measured
 _SQL = """
 WITH cand AS ({candidates}),
 latest AS (
     SELECT candidate_id, verifier, passed FROM verdicts
-    WHERE verifier IN ('majority', $against)
+    WHERE verifier IN ($labeller, $against)
     QUALIFY row_number() OVER (
         PARTITION BY candidate_id, verifier ORDER BY created_at DESC) = 1),
 judged AS (
     SELECT c.round, c.prompt_id, m.passed AS majority, a.passed AS checked
     FROM cand c
-    JOIN latest m ON m.candidate_id = c.candidate_id AND m.verifier = 'majority'
+    JOIN latest m ON m.candidate_id = c.candidate_id AND m.verifier = $labeller
     LEFT JOIN latest a ON a.candidate_id = c.candidate_id AND a.verifier = $against),
 per_prompt AS (
     SELECT j.round, j.prompt_id,
@@ -60,13 +63,13 @@ _BY_SELECTION = """SELECT DISTINCT s.round, c.candidate_id, c.prompt_id
                    WHERE s.pipeline = $name AND NOT coalesce(c.hinted, false)"""
 
 
-def majority_accuracy(lake: Lake, name: str | None = None, against: str = "math") -> pl.DataFrame:
+def majority_accuracy(lake: Lake, name: str | None = None, against: str = AGAINST) -> pl.DataFrame:
     """Per round: prompts with a pseudo-label, those without a reference (`pseudo_labelled`),
     those checked against a reference, how many labels were right, and that rate with its
     95 % Wilson interval (`low`, `high`; the rate is null when nothing was checked)."""
     if not against or against == MAJORITY:
         raise ValueError(f"against must name another verifier than {MAJORITY!r}")
-    params: dict = {"against": against}
+    params: dict = {"labeller": MAJORITY, "against": against}
     if name is not None:
         params["name"] = name
     source = _BY_ROUND if name is None else _BY_SELECTION

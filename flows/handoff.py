@@ -7,12 +7,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+from thresher.config import DecontamConfig
+from thresher.selection.stage import eval_index
+from thresher.stores.card import provenance, save_card
+from thresher.stores.export import (
+    band_prompts,
+    band_sql_text,
+    export_round,
+    kept_sql_text,
+    latest_model,
+    measured_prompts,
+    model_settings,
+    pass_rate_runs,
+    rl_rows,
+    save_rl,
+)
 from thresher.stores.lake import Lake
+from thresher.verifiers import EVAL_VERIFIERS, traits, verifier_name
 
 
 def _verifier_versions(verify_sections: list[dict | None]) -> dict[str, int]:
-    from thresher.verifiers import traits, verifier_name
-
     names = {n for v in verify_sections if v for n in (v.get("verifiers") or [])}
     for v in verify_sections:
         for by_task in ((v or {}).get("by_task") or {}).values():
@@ -24,6 +38,12 @@ def _verifier_versions(verify_sections: list[dict | None]) -> dict[str, int]:
         except (KeyError, ValueError, ImportError):  # a plugin not installed here
             out[n] = -1
     return out
+
+
+def _rl_verify(verify: dict) -> dict:
+    """The verify section an RL export hands on: the recorded one (EVAL_VERIFIERS when no
+    run recorded verifiers)."""
+    return {**verify, "verifiers": verify.get("verifiers") or list(EVAL_VERIFIERS)}
 
 
 def _rows(to: Path) -> list[dict]:
@@ -41,9 +61,6 @@ def export_data(
     license_: str | None = None,
 ) -> int:
     """A round's SFT or DPO data (stores.export), then its card; returns the rows."""
-    from thresher.stores.card import provenance, save_card
-    from thresher.stores.export import export_round, kept_sql_text
-
     n = export_round(lake, round_, fmt, to, all_rounds, name)
     rows = _rows(to)
     ids = sorted({r.get("candidate_id") or r.get("chosen_id") for r in rows} - {None})
@@ -71,20 +88,6 @@ def export_rl(
     """The training prompts `model` (default: the latest) solves between `low` and `high`
     of the time, less any that overlap an eval or test prompt, in verl's and TRL's layouts,
     with the card; returns counts and paths."""
-    from thresher.config import DecontamConfig
-    from thresher.selection.stage import eval_index
-    from thresher.stores.card import provenance, save_card
-    from thresher.stores.export import (
-        band_prompts,
-        band_sql_text,
-        latest_model,
-        measured_prompts,
-        model_settings,
-        pass_rate_runs,
-        rl_rows,
-        save_rl,
-    )
-
     model = model or latest_model(lake)
     if model is None:
         raise ValueError(f"{lake.root} has no sampled candidates: no model has pass rates yet")
@@ -102,7 +105,7 @@ def export_rl(
             f"no training prompt of model {model!r} has a pass rate in [{low}, {high}]"
             + (f" ({len(prompts)} did, all overlapping an eval prompt)" if prompts else "")
         )
-    paths = save_rl(rl_rows(kept, model, verify), to)
+    paths = save_rl(rl_rows(kept, model, _rl_verify(verify)), to)
     overlaps = len(prompts) - len(kept)
     # an RL export's funnel: prompts measured, in the band, overlapping an eval, written
     funnel = {"measured": measured_prompts(lake, model), "in_band": len(prompts),

@@ -4,9 +4,11 @@ the prompts in a pass-rate band for RL trainers (verl parquet, a TRL GRPO datase
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from thresher.segments import tool_spans
 from thresher.stores.lake import Lake
 from thresher.stores.schemas import DropReason
 
@@ -17,7 +19,8 @@ SELECT s.round, c.candidate_id, c.prompt_id, p.prompt, p.messages, c.text AS com
        coalesce(c.hinted, false) AS hinted, p.task, p.dataset, c.segments,
        (SELECT max(v.answer) FROM verdicts v WHERE v.candidate_id = c.candidate_id) AS answer,
        (SELECT bool_and(v.passed) FROM verdicts v
-        WHERE v.candidate_id = c.candidate_id AND v.verifier = 'answer_format') AS in_format
+        WHERE v.candidate_id = c.candidate_id AND list_contains($formats, v.verifier))
+           AS in_format
 FROM current_selections s
 JOIN candidates c USING (candidate_id)
 JOIN prompts p ON p.prompt_id = c.prompt_id
@@ -44,9 +47,13 @@ def _messages(row: dict) -> list[dict]:
     return [{"role": "user", "content": row["prompt"]}]
 
 
-def _kept(lake: Lake, round_: int, all_rounds: bool, name: str | None) -> list[dict]:
+def _kept(
+    lake: Lake, round_: int, all_rounds: bool, name: str | None, formats: Sequence[str] = ()
+) -> list[dict]:
+    """A round's kept rows; `in_format` from the verdicts of the `formats` verifiers."""
     sql = KEPT_SQL.format(op="<=" if all_rounds else "=")
-    return lake.query(sql, {"round": round_, "name": name}).to_dicts()
+    params = {"round": round_, "name": name, "formats": list(formats)}
+    return lake.query(sql, params).to_dicts()
 
 
 def sft_rows(
@@ -55,14 +62,14 @@ def sft_rows(
     all_rounds: bool = False,
     name: str | None = None,
     restate_format: str | None = None,
+    formats: Sequence[str] = (),
 ) -> list[dict]:
     """SFT rows (messages, prompt, completion, ids) of a round's kept candidates
     (only those pipeline `name` curated, when given); with `restate_format` (a tag), an
-    answer outside the format its prompt asks for ends with its answer restated in it."""
-    from thresher.segments import tool_spans
-
+    answer outside the format its prompt asks for (as the verdicts of the `formats`
+    verifiers say, else its text) ends with its answer restated in it."""
     rows = []
-    for r in _kept(lake, round_, all_rounds, name):
+    for r in _kept(lake, round_, all_rounds, name, formats):
         completion, restated = r["completion"], False
         if restate_format:
             completion, restated = restate(r, restate_format)
@@ -105,7 +112,7 @@ def tool_turns(messages: list[dict], completion: str, spans: list[list[int]]) ->
 
 def restate(row: dict, tag: str) -> tuple[str, bool]:
     """(completion, restated): the kept answer with `<tag>answer</tag>` on a last line when
-    it is outside the asked format (its `answer_format` verdict failed; without one: its
+    it is outside the asked format (its format verdict failed; without one: its
     prompt names `<tag>` and it states no non-empty `<tag>...</tag>`) and its verifier read
     an answer; otherwise the text as it is."""
     import re
@@ -312,11 +319,10 @@ def model_settings(lake: Lake, model: str) -> tuple[dict, dict | None]:
 def rl_rows(prompts: list[dict], model: str, verify: dict) -> list[dict]:
     """verl's RL layout, one row per prompt: data_source, chat `prompt`, ability,
     reward_model (rule, the reference as ground_truth), extra_info (index, prompt id, task,
-    pass rate, and what the verifiers need); flat copies of the reference columns for
-    TRL's reward functions, which get a dataset's columns as keyword arguments."""
-    spec = json.dumps(
-        {"verifiers": verify.get("verifiers") or ["math"], "options": verify.get("options") or {}}
-    )
+    pass rate, and what the `verify` section's verifiers need); flat copies of the
+    reference columns for TRL's reward functions, which get a dataset's columns as keyword
+    arguments."""
+    spec = json.dumps({"verifiers": verify["verifiers"], "options": verify.get("options") or {}})
     rows = []
     for i, p in enumerate(prompts):
         messages = _messages(p)
@@ -379,6 +385,7 @@ def save_rl(rows: list[dict], to: str | Path) -> dict[str, Path]:
 def kept_sql_text(round_: int, all_rounds: bool, name: str | None) -> str:
     """The SQL that lists a round's kept rows, with its parameters written in."""
     sql = KEPT_SQL.format(op="<=" if all_rounds else "=").replace("$round", str(round_))
+    sql = sql.replace("$formats", "[]::VARCHAR[]")
     return sql.replace("$name", "NULL" if name is None else _quoted(name))
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from thresher.flows.cli import app
 from thresher.ingest.envs import EnvSpec, generate, ingest_env, parse_spec
 from thresher.ingest.load import IngestError
-from thresher.verifiers import get_verifier, verify
+from thresher.verifiers import get_verifier
 
 CONFIGS = ("configs/reasoning-gym/train.yaml", "configs/reasoning-gym/eval.yaml")
 USED = sorted({t for path in CONFIGS for t in parse_spec(path).tasks})
@@ -181,12 +181,13 @@ def test_gsm_symbolic_scorer_quirks_and_the_rule_that_guards_them():
     batch = _batch([record, record], [signed, first])
     rg = get_verifier("reasoning_gym").run(batch)
     assert rg["passed"].to_list() == [True, True]  # reasoning-gym's own verdicts: both pass
-    both = verify(batch, ["reasoning_gym", "math"])
+    both = pl.concat([rg, get_verifier("math").run(batch)])
     math = both.filter(pl.col("verifier") == "math")["passed"].to_list()
     assert math == [False, False]  # thresher's math check fails both: `math and reasoning_gym`
     comma = {**record, "answer": "2744", "meta": {**record["meta"]}}
     comma["meta"]["entry"] = {**record["meta"]["entry"], "answer": "2744"}
-    got = verify(_batch([comma], ["<answer>2,744</answer>"]), ["reasoning_gym", "math"])
+    batch = _batch([comma], ["<answer>2,744</answer>"])
+    got = pl.concat([get_verifier(n).run(batch) for n in ("reasoning_gym", "math")])
     by = dict(zip(got["verifier"], got["passed"], strict=True))
     assert by == {"reasoning_gym": False, "math": True}  # the scorer fails "2,744"
 

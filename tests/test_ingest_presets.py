@@ -7,12 +7,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import write_jsonl
 from typer.testing import CliRunner
 
 from thresher.flows.cli import app
 from thresher.ingest.load import IngestError, RowError, ingest, normalise
 from thresher.ingest.presets import PRESETS, find_preset, last_boxed
-from thresher.verifiers import verify
+from thresher.verifiers import get_verifier
 
 # -- rows in each dataset's own layout -------------------------------------------------
 
@@ -186,11 +187,6 @@ CODECONTESTS = {
 # -- helpers -------------------------------------------------------------------------
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def stored(lake, dataset):
     """The dataset's prompts in line order, with meta decoded."""
     rows = lake.query(
@@ -204,6 +200,13 @@ def stored(lake, dataset):
 
 def reasons(lake):
     return lake.query("SELECT line, reason FROM rejects ORDER BY line").rows()
+
+
+def all_rejected(lake, tmp_path, preset, *rows):
+    """Ingest `rows` with `preset`, which must reject every one: the report."""
+    report = ingest(lake, write_jsonl(tmp_path / f"{preset}.jsonl", rows), preset, preset=preset)
+    assert (report.ingested, report.rejected) == (0, len(rows))
+    return report
 
 
 def judge(rows, texts, verifier, options=None):
@@ -222,7 +225,7 @@ def judge(rows, texts, verifier, options=None):
             k: pl.String for k in ("candidate_id", "text", "prompt", "answer", "tests", "meta")
         },
     )
-    out = verify(batch, [verifier], {verifier: options} if options else None)
+    out = get_verifier(verifier, options).run(batch)
     return list(zip(out["passed"].to_list(), out["reason"].to_list(), strict=True))
 
 
@@ -253,13 +256,14 @@ def test_gsm8k_preset_maps_and_verifies(lake, tmp_path):
 
 
 def test_gsm8k_rows_without_a_final_answer_are_rejected(lake, tmp_path):
-    rows = [
+    report = all_rejected(
+        lake,
+        tmp_path,
+        "gsm8k",
         {"question": "No marker?", "answer": "It is 5."},
         {"question": "Empty marker?", "answer": "It is 5.\n####  "},
         {"question": "No answer column?"},
-    ]
-    report = ingest(lake, write_jsonl(tmp_path / "g.jsonl", rows), "g", preset="gsm8k")
-    assert (report.ingested, report.rejected) == (0, 3)
+    )
     got = reasons(lake)
     assert got[0] == (1, "no reference answer: 'answer' has no '####' line")
     assert got[1][1].startswith("no reference answer: nothing after the final '####'")
@@ -283,12 +287,13 @@ def test_math_preset_takes_the_last_boxed_answer_and_verifies(lake, tmp_path):
 
 
 def test_math_rows_without_a_boxed_answer_are_rejected(lake, tmp_path):
-    rows = [
+    all_rejected(
+        lake,
+        tmp_path,
+        "math",
         {"problem": "p1?", "solution": "The answer is 4."},
         {"problem": "p2?", "solution": "So $\\boxed{\\frac{1}{2}$ is it."},  # never closed
-    ]
-    report = ingest(lake, write_jsonl(tmp_path / "m.jsonl", rows), "m", preset="math")
-    assert (report.ingested, report.rejected) == (0, 2)
+    )
     assert {r for _, r in reasons(lake)} == {
         "no boxed answer: 'solution' has no complete \\boxed{...}"
     }

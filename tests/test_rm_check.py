@@ -194,7 +194,9 @@ def seed_round(lake, passed: dict[str, list[bool]], round_: int = 0, hinted=()) 
     lake.append("candidates", cands)
     lake.append("verdicts", verdicts)
     ids = [c["candidate_id"] for c in cands]
-    plan = RoundPlan(None, f"sel-{round_}", round_, None, ())
+    plan = RoundPlan(
+        run_id=None, selection_id=f"sel-{round_}", round=round_, rule=None, verifiers=()
+    )
     select_batch(lake, plan, SelectConfig(cap=8, near_dup=False), ids)
 
 
@@ -283,7 +285,7 @@ def test_the_gate_decision():
 
 def test_the_gate_reads_the_latest_completed_check(lake, tmp_path):
     from thresher.config import CurateConfig, VerifyConfig
-    from thresher.flows.gates import reward_model_check
+    from thresher.flows.gates import pipeline_gates
 
     folder = tmp_path / "rm"
     folder.mkdir()
@@ -294,18 +296,18 @@ def test_the_gate_reads_the_latest_completed_check(lake, tmp_path):
         verify={"verifiers": ["exact"], "by_task": {"t": ["reward"]},
                 "options": {"reward": {"model": str(folder)}}},
     )  # fmt: skip
-    assert reward_model_check(lake, cfg.model_copy(update={"verify": VerifyConfig()})) is None
+    assert pipeline_gates(lake, cfg.model_copy(update={"verify": VerifyConfig()})) is None
     with pytest.raises(RewardModelRejected, match=f"recorded for reward model {folder}"):
-        reward_model_check(lake, cfg)
+        pipeline_gates(lake, cfg)
     record_check(lake, str(folder), 0.9)
     record_check(lake, str(folder), 0.2, status="failed")
     record_check(lake, "/another", 0.2)
-    assert reward_model_check(lake, cfg)["accuracy"] == 0.9
+    assert pipeline_gates(lake, cfg)["accuracy"] == 0.9
     record_check(lake, str(folder), 0.6)
     with pytest.raises(RewardModelRejected, match="accuracy 0.60"):
-        reward_model_check(lake, cfg)
+        pipeline_gates(lake, cfg)
     low = cfg.gates.model_copy(update={"min_pairwise_accuracy": 0.5})
-    assert reward_model_check(lake, cfg.model_copy(update={"gates": low}))["accuracy"] == 0.6
+    assert pipeline_gates(lake, cfg.model_copy(update={"gates": low}))["accuracy"] == 0.6
 
 
 def test_gate_settings_change_no_identity():

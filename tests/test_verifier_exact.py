@@ -1,7 +1,8 @@
 import polars as pl
 import pytest
+from helpers import VERDICT_COLUMNS
 
-from thresher.verifiers import get_verifier, verify
+from thresher.verifiers import get_verifier
 from thresher.verifiers.exact import check, extract_answer
 
 
@@ -46,16 +47,8 @@ def test_batch_interface_one_row_per_candidate():
     batch = pl.DataFrame(
         {"candidate_id": ["a", "b"], "text": ["answer is 2", "answer is 3"], "answer": ["2", "2"]}
     )
-    out = verify(batch, ["exact"])
-    assert out.columns == [
-        "candidate_id",
-        "verifier",
-        "score",
-        "passed",
-        "reason",
-        "elapsed_ms",
-        "answer",
-    ]
+    out = get_verifier("exact").run(batch)
+    assert out.columns == VERDICT_COLUMNS
     assert out["passed"].to_list() == [True, False]
     assert out["verifier"].to_list() == ["exact", "exact"]
     assert (out["elapsed_ms"] >= 0).all()

@@ -1,4 +1,4 @@
-"""User-written verifiers: the README's example as a `module:Class` name and as an entry
+"""User-written verifiers: the manual's example as a `module:Class` name and as an entry
 point, its typed options and default traits, and one class per name."""
 
 import importlib
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import VERDICT_COLUMNS
 
 import thresher.verifiers as verifiers
 from thresher.verifiers import base, get_verifier, options_digest, registry, traits
@@ -21,7 +22,7 @@ SPEC = "mypkg.checks:EvenLength"
 
 
 def readme_example() -> str:
-    """The code of the README's "Writing your own verifier" example, as printed there."""
+    """The code of docs/verifiers.md's "Writing your own verifier" example, as printed there."""
     text = (ROOT / "docs" / "verifiers.md").read_text()
     return text.split("# mypkg/checks.py\n", 1)[1].split("```", 1)[0]
 
@@ -35,7 +36,7 @@ def own_registry(monkeypatch):
 
 @pytest.fixture
 def mypkg(tmp_path, monkeypatch, own_registry):
-    """A package `mypkg` whose `checks` module is the README's example, on sys.path."""
+    """A package `mypkg` whose `checks` module is the manual's example, on sys.path."""
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "checks.py").write_text(readme_example())
@@ -64,15 +65,7 @@ def test_a_module_class_name_imports_and_registers_it_under_its_name(mypkg):
     assert registry()["even_length"] is type(verifier)
     assert verifiers.verifier_name(SPEC) == "even_length"
     out = verifier.run(batch(["ab", "abc", ""]))
-    assert out.columns == [
-        "candidate_id",
-        "verifier",
-        "score",
-        "passed",
-        "reason",
-        "elapsed_ms",
-        "answer",
-    ]
+    assert out.columns == VERDICT_COLUMNS
     assert out["verifier"].to_list() == ["even_length"] * 3  # verdict rows carry the name
     assert out["passed"].to_list() == [True, False, True]
     assert out["reason"].to_list() == ["2 characters", "3 characters", "0 characters"]

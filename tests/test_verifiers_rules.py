@@ -1,7 +1,7 @@
 import polars as pl
 import pytest
 
-from thresher.verifiers import get_verifier, verify
+from thresher.verifiers import get_verifier
 from thresher.verifiers.rules import Choice, Format, Regex
 
 
@@ -54,7 +54,8 @@ def test_format_and_correctness_are_separate_rows():
             "prompt_id": ["p", "p"],
         }
     )
-    out = verify(batch, ["math", "format"], {"format": {"required": ["<answer>", "</answer>"]}})
+    required = {"required": ["<answer>", "</answer>"]}
+    out = pl.concat([get_verifier("math").run(batch), get_verifier("format", required).run(batch)])
     got = {(r["candidate_id"], r["verifier"]): r["passed"] for r in out.iter_rows(named=True)}
     assert got == {
         ("a", "math"): True,

@@ -17,9 +17,14 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ValidationError
 
-from thresher.verifiers.base import Verifier, class_path, registered
+from thresher.ids import content_id
+from thresher.verifiers.base import HeldOutRole, Verifier, class_path, registered
 
 BUILT_IN = ("exact", "math_answer", "rules", "code", "reward", "judge", "majority", "envs")
+DEFAULT_VERIFIERS = ("exact",)  # a pipeline's verifiers when its config names none
+# an evaluation's verifiers when its config names none (and an RL export's when no run
+# recorded any): they check the prompt's reference answer
+EVAL_VERIFIERS = ("math",)
 ENTRY_POINT_GROUP = "thresher.verifiers"
 _LOCK = threading.RLock()  # reentrant: a plugin's module may call registry() as it loads
 _LOADED = {"built_in": False, "plugins": False}
@@ -130,33 +135,21 @@ def traits(name: str) -> dict[str, Any]:
 def options_digest(name: str, options: dict[str, Any] | None = None) -> str:
     """What identifies a verifier's verdicts besides the candidate: name, version, options
     (those that only say how it runs, such as a judge's concurrency, left out)."""
-    from thresher.ids import content_id
-
     cls = verifier_class(name)
     # the options as given, not as validated: defaults filled in would change every digest
     kept = {k: v for k, v in (options or {}).items() if k not in cls.operational}
     return content_id("verifier", cls.name, cls.version, kept)
 
 
-def tests_suite(options: dict[str, dict[str, Any]]) -> str:
-    """The tests the `code` verifier runs under a config's verifier options: original or
-    strengthened (those `thresher tests-audit` made)."""
-    return (options.get("code") or {}).get("tests", "original")
+def held_out_role(name: str) -> HeldOutRole | None:
+    """How verifier `name` takes part in held-out evaluation (`Verifier.held_out_role`)."""
+    return verifier_class(name).held_out_role()
 
 
-def reward_model_option(options: dict[str, dict[str, Any]]) -> str | None:
-    """The model the `reward` verifier scores with under a config's verifier options."""
-    model = (options.get("reward") or {}).get("model")
-    return str(model) if model else None
-
-
-def local_judge_model(options: dict[str, dict[str, Any]]) -> str | None:
-    """The model the `judge` verifier runs on this process's engine under a config's
-    verifier options (None: it has a server of its own, or no model)."""
-    judge = options.get("judge") or {}
-    if judge.get("server") or not judge.get("model"):
-        return None
-    return str(judge["model"])
+def in_role(role: HeldOutRole, names: list[str] | None = None) -> list[str]:
+    """The verifiers among `names` (default: every registered one) whose held-out role is
+    `role`, in their order."""
+    return [n for n in (registry() if names is None else names) if held_out_role(n) == role]
 
 
 def _option_problems(error: ValidationError, options: type[BaseModel]) -> list[str]:
@@ -177,22 +170,32 @@ def _option_problems(error: ValidationError, options: type[BaseModel]) -> list[s
     return lines
 
 
+def checked_options(
+    name: str, options: dict[str, Any] | None = None, error: type[ValueError] = ValueError
+) -> BaseModel:
+    """Verifier `name`'s options checked against its `Options`; `error` names each bad one."""
+    cls = verifier_class(name)
+    try:
+        return cls.Options.model_validate(options or {})
+    except ValidationError as e:
+        raise error(_bad_options(name, _option_problems(e, cls.Options))) from None
+
+
+def _bad_options(name: str, lines: list[str]) -> str:
+    bad = f"bad options for verifier {name!r}"
+    if len(lines) == 1:
+        return f"{bad}: {lines[0]}"
+    return f"{bad}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def get_verifier(name: str, options: dict[str, Any] | None = None) -> Verifier:
     """Verifier `name` (a registered name or `module:Class`) built with its options, which
     are checked against its `Options` first; ValueError names each bad one."""
-    cls = verifier_class(name)
-    bad = f"bad options for verifier {name!r}"
+    checked = checked_options(name, options)
     try:
-        checked = cls.Options.model_validate(options or {})
-    except ValidationError as e:
-        lines = _option_problems(e, cls.Options)
-        if len(lines) == 1:
-            raise ValueError(f"{bad}: {lines[0]}") from None
-        raise ValueError(f"{bad}:\n" + "\n".join(f"  {line}" for line in lines)) from None
-    try:
-        return cls(**checked.model_dump(exclude_unset=True))
+        return verifier_class(name)(**checked.model_dump(exclude_unset=True))
     except TypeError as e:
-        raise ValueError(f"{bad}: {e}") from None
+        raise ValueError(f"bad options for verifier {name!r}: {e}") from None
 
 
 def _here(cfg: Any):
@@ -200,7 +203,7 @@ def _here(cfg: Any):
 
 
 def _on_cluster(cfg: Any):
-    from thresher.verifiers.cluster import verify_on_cluster
+    from thresher.verifiers.cluster import verify_on_cluster  # local: cycle with verifiers.cluster
 
     return lambda name, options, rows: verify_on_cluster(cfg.ray, name, options, rows)
 
@@ -214,12 +217,3 @@ def runner_for(
     """Where verification runs, chosen once from a config's `executor`: a function from
     (verifier name, options, rows) to verdicts, here or in chunks on its Ray cluster."""
     return RUNNERS[cfg.executor](cfg)
-
-
-def verify(
-    batch: pl.DataFrame, names: list[str], options: dict[str, dict[str, Any]] | None = None
-) -> pl.DataFrame:
-    """Every named verifier's verdicts on every row of `batch`."""
-    options = options or {}
-    frames = [get_verifier(name, options.get(name)).run(batch) for name in names]
-    return pl.concat(frames) if frames else pl.DataFrame()

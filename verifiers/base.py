@@ -5,10 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from thresher.config import EngineStage, GatesConfig
+    from thresher.stores.lake import Lake
+
+# how a verifier takes part in held-out evaluation (Verifier.held_out_role)
+HeldOutRole = Literal["reference", "asked_format"]
 
 # name -> class: every subclass of Verifier that sets `name` adds itself on import
 _REGISTERED: dict[str, type[Verifier]] = {}
@@ -19,7 +26,9 @@ class Verifier:
 
     A subclass sets `name` (how configs, rules and verdict rows call it), declares its
     options as the pydantic model `Options`, and implements `run`; defining it registers
-    it under its name. The other class attributes are its traits.
+    it under its name. The other class attributes are its traits; the class methods are
+    hooks through which it takes part in a pipeline beyond scoring (each does nothing
+    unless overridden), so no other module needs to know a verifier by its name.
     """
 
     name: ClassVar[str]
@@ -52,6 +61,34 @@ class Verifier:
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict row per row of `batch` (the columns of `verdict_frame`)."""
         raise NotImplementedError(f"{type(self).__name__} does not define run(batch)")
+
+    @classmethod
+    def held_out_role(cls) -> HeldOutRole | None:
+        """Its part in held-out evaluation: "reference" (uses_reference), "asked_format" or None."""
+        return "reference" if cls.uses_reference else None
+
+    @classmethod
+    def check_config(cls, options: Any, config: EngineStage) -> None:
+        """Refuse (ValueError) a pipeline config it cannot run in with these options."""
+
+    @classmethod
+    def gate(cls, lake: Lake, options: Any, gates: GatesConfig) -> dict[str, Any] | None:
+        """A check before anything is sampled: the figure to record (or None); GateRefused."""
+        return None
+
+    @classmethod
+    def tests_suite(cls, options: Any) -> str | None:
+        """The tests it judges code by, "original" or "strengthened" (None: it runs none)."""
+        return None
+
+    @classmethod
+    def prepare_rows(cls, lake: Lake, rows: pl.DataFrame, options: Any) -> pl.DataFrame:
+        """The rows the verifying stage hands to `run`, from those it found unscored."""
+        return rows
+
+
+class GateRefused(ValueError):
+    """A verifier's gate stopped a pipeline before it sampled anything."""
 
 
 def class_path(cls: type) -> str:

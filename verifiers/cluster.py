@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from thresher.cluster import connect
 from thresher.config import RayConfig
+from thresher.verifiers import get_verifier, portable_name
 
 if TYPE_CHECKING:
     import polars as pl
@@ -14,8 +15,6 @@ _REMOTE: dict[str, Any] = {}
 
 
 def _verify_chunk(name: str, options: dict[str, Any] | None, rows):
-    from thresher.verifiers import get_verifier
-
     return get_verifier(name, options).run(rows)
 
 
@@ -25,8 +24,6 @@ def verify_on_cluster(
     """Verdicts of verifier `name` for `rows`, computed in chunks on the cluster's CPUs."""
     import polars as pl
     import ray
-
-    from thresher.verifiers import portable_name
 
     name = portable_name(name)  # a user's verifier is imported by its module there
     connect(ray_cfg.address)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import polars as pl
 from pydantic import Field
 
 from thresher.sandbox import Job, Limits, run_jobs
+from thresher.stores.queries import with_strengthened_tests
 from thresher.verifiers.base import Verdict, Verifier, verdict_frame
+
+if TYPE_CHECKING:
+    from thresher.stores.lake import Lake
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 ISOLATIONS = ("referee", "shared")
@@ -156,6 +160,21 @@ class UnitTests(Verifier):
             description="strengthened: the prompt's latest tests from `thresher tests-audit` "
             "(its original tests where it has none, said in the reason)",
         )
+
+    @classmethod
+    def tests_suite(cls, options: UnitTests.Options) -> str:
+        """The suite of tests its `tests` option names."""
+        return options.tests
+
+    @classmethod
+    def prepare_rows(
+        cls, lake: Lake, rows: pl.DataFrame, options: UnitTests.Options
+    ) -> pl.DataFrame:
+        """The rows with each prompt's latest strengthened tests where `tests` asks for them."""
+        if options.tests != "strengthened":
+            return rows
+
+        return with_strengthened_tests(lake, rows)
 
     def __init__(
         self,

@@ -11,6 +11,8 @@ import polars as pl
 from pydantic import Field
 
 from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
+from thresher.verifiers.extract import extract_answer as find_answer
+from thresher.verifiers.math_workers import check_in_workers
 
 _SCORERS: dict[str, Any] = {}  # (generator, config) -> its dataset, in a worker process
 
@@ -32,8 +34,6 @@ def entry_of(meta: Any) -> dict | None:
 def final_answer(text: str) -> tuple[str | None, str]:
     """(answer, how it was found): the last <answer> tags, else thresher's answer finding."""
     from reasoning_gym.utils import extract_answer
-
-    from thresher.verifiers.extract import extract_answer as find_answer
 
     tagged = extract_answer(text or "")
     if tagged is not None:
@@ -102,8 +102,6 @@ class ReasoningGym(Verifier):
 
     def run(self, batch: pl.DataFrame) -> pl.DataFrame:
         """One verdict per row (columns candidate_id, text, meta)."""
-        from thresher.verifiers.math_workers import check_in_workers
-
         metas = batch["meta"].to_list() if "meta" in batch.columns else [None] * batch.height
         results: list[tuple[Verdict, float] | None] = []
         jobs, where = [], []

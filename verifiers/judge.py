@@ -8,13 +8,19 @@ import re
 import string
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import Field, field_validator
 
+from thresher.config import SamplingConfig, ServerConfig
+from thresher.samplers.engines import sampler_at
+from thresher.samplers.vllm_offline import render_prompts
 from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
 from thresher.verifiers.extract import extract_answer
+
+if TYPE_CHECKING:
+    from thresher.config import EngineStage
 
 DEFAULT_TEMPLATE = """\
 You are checking a student's final answer against the reference answer of a problem.
@@ -164,6 +170,22 @@ class Judge(Verifier):
                 raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(ENGINE_OPTIONS)}")
             return engine
 
+    @classmethod
+    def check_config(cls, options: Judge.Options, config: EngineStage) -> None:
+        """A local judge model runs on the process's one engine: it must be the sampling
+        model, else every batch would swap engines (a minute each); a judge of another model
+        belongs on a server (judge.server)."""
+        if options.server or not options.model:
+            return
+        same = Path(options.model).resolve() == Path(config.model).resolve()
+        if config.placement != "local" or not same:
+            raise ValueError(
+                "a local judge model shares this process's one engine with sampling, so it "
+                "must be the model that samples with a local engine; serve the judge model "
+                "(e.g. `vllm serve`) and set verify.options.judge.server and served_model "
+                "instead"
+            )
+
     def __init__(
         self,
         model: str | None = None,
@@ -233,7 +255,6 @@ class Judge(Verifier):
         through the model's chat template (the text itself without `chat`)."""
         if not self.chat:
             return list(texts)
-        from thresher.samplers.vllm_offline import render_prompts
 
         messages = [[{"role": "user", "content": t}] for t in texts]
         return render_prompts(llm, [None] * len(texts), messages)
@@ -241,9 +262,6 @@ class Judge(Verifier):
     def sampler(self):
         """What the judge asks: the samplers' own choice of a server or this process's
         engine (shared with sampling when it serves the same model), greedy."""
-        from thresher.config import SamplingConfig, ServerConfig
-        from thresher.samplers.engines import sampler_at
-
         greedy = SamplingConfig(
             k=1, temperature=0.0, top_p=1.0, top_k=0, max_tokens=self.max_tokens, chat=self.chat
         )

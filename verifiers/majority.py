@@ -22,6 +22,10 @@ import polars as pl
 from pydantic import Field, Strict, StrictInt
 
 from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
+from thresher.verifiers.exact import normalise
+from thresher.verifiers.extract import final_answers, latex_spans
+from thresher.verifiers.math_answer import clean_answer, math_answers, plain_value
+from thresher.verifiers.math_workers import check_in_workers
 
 COMPARES = ("math", "exact")
 _COMPARE_TIMEOUT_S = 5.0  # one sympy comparison of two answers, in a math worker
@@ -51,8 +55,6 @@ class Group:
 
 def _math_vote(text: str) -> Vote | str:
     """The candidate's final answer as the math verifier finds it, or why there is none."""
-    from thresher.verifiers.math_answer import clean_answer, math_answers, plain_value
-
     answers, how = math_answers(text)
     if not answers:
         return NO_ANSWER
@@ -65,8 +67,6 @@ def _math_vote(text: str) -> Vote | str:
         return f"hedged: {len(distinct)} different final answers ({how})"
     last, value = answers[-1], values[-1]
     if last.kind == "latex":
-        from thresher.verifiers.extract import latex_spans
-
         start, end = latex_spans(text)[-1]
         shown = text[start:end]
         return Vote(shown.strip("$ ").strip(), ("latex", shown), shown, text)
@@ -79,9 +79,6 @@ def _math_vote(text: str) -> Vote | str:
 
 def _exact_vote(text: str) -> Vote | str:
     """The candidate's final answer as the exact verifier finds and normalises it."""
-    from thresher.verifiers.exact import normalise
-    from thresher.verifiers.extract import final_answers
-
     answers, how = final_answers(text)
     if not answers:
         return NO_ANSWER
@@ -136,8 +133,6 @@ def _merged(groups: list[Group], equal: list[tuple[int, int]]) -> list[Group]:
 def merge_equivalent(prompts: list[tuple[list[Group], dict[int, Vote]]]) -> list[list[Group]]:
     """Each prompt's groups with those the math verifier finds equal ("1/2" and "0.5")
     joined; every prompt's comparisons run in one batch of math workers."""
-    from thresher.verifiers.math_workers import check_in_workers
-
     todo = [(p, i, j, job) for p, (g, v) in enumerate(prompts) for i, j, job in _comparisons(g, v)]
     equal: list[list[tuple[int, int]]] = [[] for _ in prompts]
     if todo:

@@ -21,6 +21,7 @@ from functools import lru_cache
 import polars as pl
 from pydantic import Field, field_validator
 
+from thresher.verifiers import math_workers
 from thresher.verifiers.base import Verdict, Verifier, quote, verdict_frame
 from thresher.verifiers.extract import (
     NUMBER,
@@ -480,8 +481,6 @@ class MathAnswer(Verifier):
 
     def _check_many(self, pairs: list[tuple[str, str | None]]) -> list[tuple[Verdict, float]]:
         """(verdict, elapsed ms) per (text, reference): plain numbers here, the rest in workers."""
-        from thresher.verifiers.math_workers import check_in_workers
-
         results: list[tuple[Verdict, float] | None] = []
         slow = []
         for i, (text, reference) in enumerate(pairs):
@@ -492,7 +491,8 @@ class MathAnswer(Verifier):
                 slow.append(i)
         if slow:
             jobs = [(pairs[i][0] or "", str(pairs[i][1]), self.pattern) for i in slow]
-            for i, result in zip(slow, check_in_workers(jobs, self.timeout_s), strict=True):
+            checked = math_workers.check_in_workers(jobs, self.timeout_s)
+            for i, result in zip(slow, checked, strict=True):
                 results[i] = result
         return results  # type: ignore[return-value]
 

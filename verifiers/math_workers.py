@@ -261,7 +261,7 @@ def _other_job(job: dict) -> Verdict:
     """A job of a verifier that shares these workers (their deadlines and memory limit)."""
     kind = job.get("kind")
     if kind == "reasoning_gym":
-        from thresher.verifiers.envs import score_in_worker
+        from thresher.verifiers.envs import score_in_worker  # local: cycle with verifiers.envs
 
         return score_in_worker(job)
     return Verdict(0.0, False, f"unknown worker job kind {kind!r}")
@@ -278,7 +278,7 @@ def main() -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _limit_memory()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    from thresher.verifiers.math_answer import check_full
+    from thresher.verifiers.math_answer import check_full  # local: cycle with verifiers.math_answer
 
     check_full(r"\boxed{\frac{1}{2}}", "0.5")  # imports and first-parse set-up, before "ready"
     reply.write(_READY + "\n")

@@ -6,12 +6,18 @@ import gc
 import json
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import Field
 
-from thresher.verifiers.base import Verdict, Verifier, verdict_frame
+from thresher.intervals import wilson_interval
+from thresher.stores.runs import latest_rm_check
+from thresher.verifiers.base import GateRefused, Verdict, Verifier, verdict_frame
+
+if TYPE_CHECKING:
+    from thresher.config import GatesConfig
+    from thresher.stores.lake import Lake
 
 # Loaded (tokenizer, model) per folder. Scoring empties it when done (see release), so a
 # model lives only while a batch is scored, inside the device slot that covers it.
@@ -77,6 +83,19 @@ class RewardModel(Verifier):
         top_n: int | None = Field(None, ge=1, description="instead: the n best of each prompt")
         batch_size: int = Field(16, ge=1, description="candidates scored at once")
         max_length: int = Field(2048, ge=1, description="tokens of prompt and candidate")
+
+    @classmethod
+    def gate(cls, lake: Lake, options: RewardModel.Options, gates: GatesConfig) -> dict[str, Any]:
+        """Its model's pairwise accuracy as its latest `thresher rm-check` measured it;
+        RewardModelRejected when it is missing or below gates.min_pairwise_accuracy and
+        gates.force_reward_model is not set."""
+        if not options.model:
+            raise RewardModelRejected(
+                "the reward verifier needs a model: set verify.options.reward.model"
+            )
+        key = model_key(options.model)
+        check = latest_rm_check(lake, key)
+        return reward_model_gate(key, check, gates.min_pairwise_accuracy, gates.force_reward_model)
 
     def __init__(
         self,
@@ -183,8 +202,6 @@ def pairwise_accuracy(
     Each pair has `prompt` and/or `messages` (as the prompts table holds them), `chosen`
     and `rejected`; both answers are scored as the `reward` verifier scores a candidate.
     Returns pairs, correct, ties, accuracy, low, high."""
-    from thresher.intervals import wilson_interval
-
     if not pairs:
         raise ValueError("no preference pairs to score")
     rows = [
@@ -207,7 +224,7 @@ def pairwise_accuracy(
     }
 
 
-class RewardModelRejected(ValueError):
+class RewardModelRejected(GateRefused):
     """A reward model with no pairwise accuracy recorded, or one below the bar."""
 
 

@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from thresher.verifiers import get_verifier
+
 DEFAULT_SPEC = {"verifiers": ["math"], "options": {}}
 
 
@@ -46,8 +48,6 @@ def score_rows(rows: list[dict], spec: dict) -> list[tuple[float, bool, str]]:
     """(score, passed, reason) per row (completion text, question, answer, tests, meta, task) by
     the spec's verifiers: one verifier's score as it is, several: 1.0 when all pass."""
     import polars as pl
-
-    from thresher.verifiers import get_verifier
 
     if not rows:
         return []

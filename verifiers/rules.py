@@ -9,7 +9,7 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import Field, field_validator
 
-from thresher.verifiers.base import Verdict, Verifier, map_rows, quote
+from thresher.verifiers.base import HeldOutRole, Verdict, Verifier, map_rows, quote
 from thresher.verifiers.extract import final_answers
 
 _LETTER = re.compile(r"^\(?([A-Za-z])\)?[.:)]?$")
@@ -192,6 +192,13 @@ class AnswerFormat(Verifier):
         when: Literal["asked", "always"] = Field(
             "asked", description="judge every prompt, or only those whose text names the tag"
         )
+
+    @classmethod
+    def held_out_role(cls) -> HeldOutRole:
+        """The asked format: kept beside the reference verifiers in held-out evaluation
+        (reported as the lenient reading and the `format` share) and left out of the rule
+        while a round restates answers outside it."""
+        return "asked_format"
 
     def __init__(self, tag: str = "answer", when: str = "asked"):
         self.tag, self.when = tag, when

@@ -5,18 +5,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
-from thresher.config import CurateConfig
-from thresher.plan import RoundPlan
+from thresher.config import VerifyConfig
+from thresher.plan import Batch, StagePlan
+from thresher.segments import model_text
 from thresher.stores.lake import Lake
+from thresher.stores.queries import candidates_to_verify, prompts_to_verify
+from thresher.stores.tables import write_verdicts
+from thresher.verifiers import get_verifier, runner_for
 
 DeviceSlot = Callable[[str], AbstractContextManager]
 
 
+@dataclass
+class Verified:
+    """One batch's verification: the verdicts written now."""
+
+    written: int = 0
+
+
+def run(
+    lake: Lake,
+    plan: StagePlan,
+    section: VerifyConfig,
+    batch: Batch,
+    device_slot: DeviceSlot | None = None,
+) -> Verified:
+    """Score the batch's candidates with the verifiers of each prompt's task, where a
+    verifier with the same options has not scored them yet. A verifier with a model on
+    the accelerator runs inside `device_slot(name)`."""
+    return Verified(verify_batch(lake, section, plan, batch.candidate_ids, device_slot))
+
+
 def verify_batch(
     lake: Lake,
-    cfg: CurateConfig,
-    plan: RoundPlan,
+    section: VerifyConfig,
+    plan: StagePlan,
     candidate_ids: list[str],
     device_slot: DeviceSlot | None = None,
 ) -> int:
@@ -25,17 +50,9 @@ def verify_batch(
     with a model on the accelerator runs inside `device_slot(name)`."""
     import polars as pl
 
-    from thresher.stores.queries import (
-        candidates_to_verify,
-        prompts_to_verify,
-        with_strengthened_tests,
-    )
-    from thresher.stores.tables import write_verdicts
-    from thresher.verifiers import get_verifier, runner_for, traits
-
-    run_verifier = runner_for(cfg)
+    run_verifier = runner_for(plan)  # where it runs: chosen once, from the plan
     written = 0
-    settings = cfg.verify
+    settings = section
     for spec in plan.verifiers:
         name, options = spec.name, spec.given
         # a verifier that judges a prompt's candidates together sees all of the batch's
@@ -47,9 +64,8 @@ def verify_batch(
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue
-        if name == "code" and plan.tests_suite == "strengthened":
-            todo = with_strengthened_tests(lake, todo)
-        if not traits(name)["reads_tool_output"]:
+        todo = spec.verifier.prepare_rows(lake, todo, spec.options)
+        if not spec.reads_tool_output:
             todo = without_tool_output(todo)
         if spec.uses_device:
             # a model on the accelerator: scored here, one stage at a time
@@ -70,8 +86,6 @@ def without_tool_output(batch):
     """The batch with each candidate's text as the model wrote it: a code tool's outputs
     left out (a printed reference is not the model's answer)."""
     import polars as pl
-
-    from thresher.segments import model_text
 
     if "segments" not in batch.columns or batch["segments"].null_count() == batch.height:
         return batch

@@ -19,8 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from thresher import harness
+from thresher.ids import content_id
 from thresher.sandbox import Job, Limits, run_jobs
+from thresher.sandbox.programs import compare_output
+from thresher.sandbox.protocol import decode
+from thresher.stores.queries import code_prompts, recorded_audits
+from thresher.stores.tables import write_test_strength
 from thresher.verifiers.code import BadTests, build_job, parse_tests
 from thresher.verifiers.mutants import (
     assert_line,
@@ -131,7 +135,7 @@ def _drop(audit: Audit, why: str) -> None:
 
 
 def _decode(value: dict):
-    return harness.decode(value["ok"])
+    return decode(value["ok"])
 
 
 def audit_problems(
@@ -292,7 +296,7 @@ def _same_answers(a: Audit, values: list) -> bool:
         if "error" in got:
             return False
         if a.problem.style == "stdio":
-            if not harness.compare_output(got["ok"], want["ok"])[0]:
+            if not compare_output(got["ok"], want["ok"])[0]:
                 return False
         elif not _same_value(_decode(got), _decode(want)):
             return False
@@ -374,10 +378,6 @@ def audit_dataset(
     """Audit a dataset's code prompts and record each audit in `test_strength`, a chunk of
     prompts per commit; prompts audited before with the same settings are skipped, so a
     stopped run resumes and a finished one audits nothing. Returns the run's counts."""
-    from thresher.ids import content_id
-    from thresher.stores.queries import code_prompts, recorded_audits
-    from thresher.stores.tables import write_test_strength
-
     settings = {"mutants": mutants, "inputs": inputs, "version": STRENGTH_VERSION}
     rows = code_prompts(lake, dataset, split, limit).to_dicts()
     summary = {"prompts": len(rows), "audited": 0, "already": 0, "skipped": {}}

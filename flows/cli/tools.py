@@ -16,6 +16,7 @@ from thresher.flows.cli import (
     fail,
     print_frame,
 )
+from thresher.flows.cli.lake import _open_lake
 
 
 @app.command("verify")
@@ -54,10 +55,10 @@ def verify_cmd(
     """
     import json
 
-    from thresher.verifiers import verifier_name
+    from thresher.verifiers import DEFAULT_VERIFIERS, verifier_name  # local: fast --help
     from thresher.verifiers.external import verify_file
 
-    names = verifier or ["exact"]
+    names = verifier or list(DEFAULT_VERIFIERS)
     try:
         opts = json.loads(options) if options else {}
         rows = list(verify_file(path, names, opts))
@@ -117,8 +118,7 @@ def tests_audit(
     `weak_prompts` and `test_strength_summary` read them, and `select.min_test_strength`
     drops candidates of weak prompts. A re-run with the same settings audits nothing.
     """
-    from thresher.flows.cli.lake import _open_lake
-    from thresher.stores.queries import has_dataset, strength_summary
+    from thresher.stores.queries import has_dataset, strength_summary  # local: fast --help
     from thresher.verifiers.strength import audit_dataset
 
     lk = _open_lake(lake)
@@ -163,7 +163,11 @@ def tiny_model(
     seed: int = 0,
 ) -> None:
     """Build a tiny local Llama model (about 0.4 M parameters) for trying thresher out."""
-    from thresher.trainers.tiny import make_tiny_model, make_tool_model, make_word_problem_model
+    from thresher.trainers.tiny import (  # local: fast --help
+        make_tiny_model,
+        make_tool_model,
+        make_word_problem_model,
+    )
 
     if task == "arithmetic":
         path = make_tiny_model(
@@ -201,7 +205,11 @@ def import_gguf(
     gguf==0.19.0, or `make smollm2`), keeps the tokenizer's chat template, and writes
     OUT_DIR atomically with thresher_source.json (source file, sha256, dtype).
     """
-    from thresher.trainers.gguf import GGUFUnavailable, convert_gguf, smollm2_gguf_path
+    from thresher.trainers.gguf import (  # local: fast --help
+        GGUFUnavailable,
+        convert_gguf,
+        smollm2_gguf_path,
+    )
 
     try:
         src = smollm2_gguf_path() if gguf_file == "smollm2" else Path(gguf_file)
@@ -268,7 +276,7 @@ def rm_check(
     is set). Exit code: 0 when the accuracy reaches --min-accuracy, 1 below it, 2 for bad
     input.
     """
-    from thresher.evaluators.pairs import PairsError, lake_pairs, read_pairs
+    from thresher.evaluators.pairs import PairsError, lake_pairs, read_pairs  # local: fast --help
     from thresher.stores.lake import Lake
     from thresher.stores.queries import latest_curated_round
 

@@ -11,7 +11,7 @@ from thresher.config.curate import CurateConfig, CurateSections, GatedStage
 from thresher.config.env import EnvironmentConfig, round_dataset
 from thresher.config.eval import BootstrapEvalConfig, EvalConfig, forgetting_name
 from thresher.config.train import TrainConfig, TrainDataConfig, TrainSettings
-from thresher.config.verify import VerifyConfig
+from thresher.config.verify import VerifyConfig, verifiers_in_role
 
 
 class BootstrapTrainConfig(TrainSettings):
@@ -162,8 +162,9 @@ class BootstrapConfig(GatedStage, CurateSections):
 
     @model_validator(mode="after")
     def _format_is_judged(self) -> BootstrapConfig:
-        if self.format is not None and "answer_format" not in self.verify.all_names():
-            raise ValueError("format: needs the answer_format verifier among verify.verifiers")
+        if self.format is not None and not self.verify.in_role("asked_format"):
+            names = " or ".join(verifiers_in_role("asked_format"))
+            raise ValueError(f"format: needs the {names} verifier among verify.verifiers")
         if self.format is not None and self.verify.rule is not None:
             raise ValueError("format: needs the default verify rule (every verifier passes)")
         return self
@@ -193,22 +194,12 @@ class BootstrapConfig(GatedStage, CurateSections):
 
     def eval_verify(self) -> VerifyConfig:
         """The verifiers that decide held-out metrics: `eval.verify` as given (each of its
-        lists must hold one that checks a reference), else training's that do."""
+        lists must hold one that checks a reference), else training's that do, with those
+        of the asked format beside them (VerifyConfig.held_out)."""
         if self.eval.verify is not None:
             self.eval.verify.with_reference()  # raises when a list has none
             return self.eval.verify
-        held_out = self.verify.with_reference()
-        if "answer_format" not in self.verify.verifiers:
-            return held_out
-        # the asked format only ever fails a candidate the reference check passed: it stays,
-        # and the evaluation reports the lenient reading and the format share beside it
-        options = self.verify.options.get("answer_format")
-        return held_out.model_copy(
-            update={
-                "verifiers": [*held_out.verifiers, "answer_format"],
-                "options": held_out.options | ({"answer_format": options} if options else {}),
-            }
-        )
+        return self.verify.held_out()
 
     def curate_config(self, round_: int, model: str, restate: bool = False) -> CurateConfig:
         """Round `round_`'s curate step, sampling with `model` (its generated prompts with
@@ -220,7 +211,8 @@ class BootstrapConfig(GatedStage, CurateSections):
                 update={"dataset": dataset, "split": "train"}
             )
         if restate:
-            names = [n for n in self.verify.all_names() if n != "answer_format"]
+            formats = self.verify.in_role("asked_format")
+            names = [n for n in self.verify.all_names() if n not in formats]
             sections["verify"] = self.verify.model_copy(update={"rule": " and ".join(names)})
         return CurateConfig(
             **self.runtime(),

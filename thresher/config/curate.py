@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
@@ -30,24 +29,6 @@ class GatesConfig(_Strict):
         description="run with the reward model even when it was never checked or its "
         "pairwise accuracy is below min_pairwise_accuracy (the run's summary records it)",
     )
-
-
-def gates_moved_out_of_select(data: Any) -> Any:
-    """Configs written before the gates had a section of their own still load."""
-    if not isinstance(data, dict) or not isinstance(data.get("select"), dict):
-        return data
-    moved = {k: data["select"][k] for k in GatesConfig.model_fields if k in data["select"]}
-    if not moved:
-        return data
-    import warnings
-
-    warnings.warn(
-        f"select.{', select.'.join(moved)} moved to gates: (read from select this time)",
-        FutureWarning,
-        stacklevel=2,
-    )
-    select = {k: v for k, v in data["select"].items() if k not in moved}
-    return {**data, "select": select, "gates": {**moved, **(data.get("gates") or {})}}
 
 
 class DifficultyConfig(_Strict):
@@ -131,11 +112,6 @@ class GatedStage(EngineStage):
 
     gates: GatesConfig = never(default_factory=GatesConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _gates_section(cls, data: Any) -> Any:
-        return gates_moved_out_of_select(data)
-
 
 class CurateSections(_Strict):
     """What a curate round samples, verifies and selects (a bootstrap has them too)."""
@@ -175,7 +151,7 @@ class CurateConfig(GatedStage, CurateSections):
             raise ValueError("lora applies to the local engine; a server loads adapters itself")
         if self.server and self.executor != "local":
             raise ValueError("executor: ray runs its own engines; it does not apply to a server")
-        _judge_shares_the_engine(self)
+        self.verify.check_pipeline(self)
         return self
 
     @property
@@ -187,23 +163,3 @@ class CurateConfig(GatedStage, CurateSections):
     def model_id(self) -> str:
         """What the `model` column records: the model, plus the adapter when there is one."""
         return f"{self.model}+lora:{self.lora}" if self.lora else self.model
-
-
-def _judge_shares_the_engine(cfg: CurateConfig) -> None:
-    """A local `judge` model runs on the process's one engine: it must be the sampling
-    model, else every batch would swap engines (a minute each); a judge of another model
-    belongs on a server (judge.server)."""
-    from thresher.verifiers import local_judge_model
-
-    if "judge" not in cfg.verify.all_names():
-        return
-    judge = local_judge_model(cfg.verify.options)
-    if judge is None:
-        return
-    same = Path(judge).resolve() == Path(cfg.model).resolve()
-    if cfg.placement != "local" or not same:
-        raise ValueError(
-            "a local judge model shares this process's one engine with sampling, so it must "
-            "be the model that samples with a local engine; serve the judge model (e.g. "
-            "`vllm serve`) and set verify.options.judge.server and served_model instead"
-        )

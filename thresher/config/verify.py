@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
 from thresher.config.base import _Strict
+from thresher.rules import rule_names
+
+if TYPE_CHECKING:
+    from thresher.config.engine import EngineStage
+
+
+def _default_verifiers() -> list[str]:
+    # local: layering (importing thresher.config loads no stage package)
+    from thresher.verifiers import DEFAULT_VERIFIERS
+
+    return list(DEFAULT_VERIFIERS)
+
+
+def verifiers_in_role(role: str) -> list[str]:
+    """The registered verifiers whose held-out role is `role` (e.g. "asked_format": those that
+    judge the asked answer format)."""
+    # local: layering (importing thresher.config loads no stage package)
+    from thresher.verifiers import in_role
+
+    return in_role(role)
 
 
 class VerifyConfig(_Strict):
@@ -15,7 +35,7 @@ class VerifyConfig(_Strict):
     counted_at_default = frozenset({"verifiers", "by_task", "options", "rule"})
 
     verifiers: list[str] = Field(
-        default_factory=lambda: ["exact"],
+        default_factory=_default_verifiers,
         min_length=1,
         description="verifiers for every prompt (unless by_task names its task)",
     )
@@ -31,7 +51,7 @@ class VerifyConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_names(self) -> VerifyConfig:
-        from thresher.rules import rule_names
+        # local: layering (importing thresher.config loads no stage package)
         from thresher.verifiers import registry, verifier_name
 
         known = set(registry())
@@ -68,14 +88,30 @@ class VerifyConfig(_Strict):
                 raise ValueError(f"rule names verifiers that never run: {sorted(missing)}")
         return self
 
+    @classmethod
+    def for_evaluation(cls) -> VerifyConfig:
+        """An evaluation's settings when its config names none (EVAL_VERIFIERS)."""
+        # local: layering (importing thresher.config loads no stage package)
+        from thresher.verifiers import EVAL_VERIFIERS
+
+        return cls(verifiers=list(EVAL_VERIFIERS))
+
+    def in_role(self, role: str) -> list[str]:
+        """The verifiers some prompt uses whose held-out role is `role`."""
+        # local: layering (importing thresher.config loads no stage package)
+        from thresher.verifiers import in_role
+
+        return in_role(role, self.all_names())
+
     def with_reference(self) -> VerifyConfig:
         """These settings less the verifiers that judge without a reference (format, regex,
         majority, reward): what may decide held-out metrics. ValueError when a list keeps
         none, saying which."""
-        from thresher.verifiers import traits
+        # local: layering (importing thresher.config loads no stage package)
+        from thresher.verifiers import in_role
 
         def kept(names: list[str], where: str) -> list[str]:
-            out = [n for n in names if traits(n)["uses_reference"]]
+            out = in_role("reference", names)
             if not out:
                 raise ValueError(
                     f"held-out evaluation would rest only on {', '.join(names)} ({where}), "
@@ -91,6 +127,43 @@ class VerifyConfig(_Strict):
         options = {n: o for n, o in self.options.items() if n in used}
         # no rule carried over: a training rule may negate or excuse a reference check
         return VerifyConfig(verifiers=verifiers, by_task=by_task, options=options)
+
+    def held_out(self) -> VerifyConfig:
+        """What decides held-out metrics: with_reference(), and beside those verifiers the
+        ones of the asked format among `verifiers` (a format verdict only ever fails a
+        candidate the reference check passed; the evaluation reports the lenient reading
+        and the format share beside it)."""
+        # local: layering (importing thresher.config loads no stage package)
+        from thresher.verifiers import in_role
+
+        held_out = self.with_reference()
+        formats = in_role("asked_format", self.verifiers)
+        if not formats:
+            return held_out
+        options = {n: self.options[n] for n in formats if self.options.get(n)}
+        return held_out.model_copy(
+            update={
+                "verifiers": [*held_out.verifiers, *formats],
+                "options": held_out.options | options,
+            }
+        )
+
+    def check_pipeline(self, config: EngineStage) -> None:
+        """Each verifier's own check of the pipeline config these settings belong to
+        (`Verifier.check_config`); options that do not validate are left to the run's plan,
+        which names each bad one."""
+        from pydantic import ValidationError
+
+        # local: layering (importing thresher.config loads no stage package)
+        from thresher.verifiers import verifier_class
+
+        for name in self.all_names():
+            cls = verifier_class(name)
+            try:
+                options = cls.Options.model_validate(self.options.get(name) or {})
+            except ValidationError:
+                continue
+            cls.check_config(options, config)
 
     def for_task(self, task: str) -> list[str]:
         """The verifiers that score candidates of prompts of `task`."""
