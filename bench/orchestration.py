@@ -23,29 +23,21 @@ itself varies by more than the overhead being measured).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from abba import abba
-
-ROOT = Path(__file__).resolve().parents[1]
+from shared import WORD_MODEL, fresh_lake, options, word_model, word_problems
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=4000)
-    parser.add_argument("--k", type=int, default=1)
+    parser = options(__doc__, prompts=4000, k=1, batch_size=1000, max_tokens=32)
     parser.add_argument(
         "--temperature", type=float, default=0.0, help="0 (greedy): every run does the same work"
     )
-    parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=11, help="at least 5")
-    parser.add_argument("--model", default=str(ROOT / ".cache" / "word-model"))
+    parser.add_argument("--model", default=WORD_MODEL)
     args = parser.parse_args()
 
     import os
@@ -57,18 +49,14 @@ def main() -> None:
     from thresher.flows.curate import curate_flow
     from thresher.flows.runtime import flow_settings, quiet_task_logs, stop_engine
     from thresher.flows.tasks import batched, prompt_rows, sample_task, select_task, verify_task
-    from thresher.ingest.load import ingest
-    from thresher.plan import plan_curate
+    from thresher.plan import Batch, plan_curate
     from thresher.samplers.engines import local_engine
     from thresher.samplers.stage import sampling_plan
-    from thresher.stores.lake import Lake
     from thresher.stores.queries import run_summary
-    from thresher.trainers.tiny import make_word_problem_model, write_word_problems
+    from thresher.verifiers.math_answer import MathAnswer
 
-    if not (Path(args.model) / "config.json").exists():
-        make_word_problem_model(args.model)
-    tmp = Path(tempfile.mkdtemp(prefix="thresher-bench-orch-"))
-    source = write_word_problems(tmp / "prompts.jsonl", args.prompts, seed=1)
+    word_model(args.model)
+    tmp, source = word_problems("thresher-bench-orch-", args.prompts, seed=1)
     cfg = CurateConfig(
         name="bench-orchestration",
         model=args.model,
@@ -81,15 +69,10 @@ def main() -> None:
             "max_tokens": args.max_tokens,
         },
         engine={"dtype": "float32", "max_model_len": 256},
-        verify={"verifiers": ["math"]},
+        verify={"verifiers": [MathAnswer.name]},
         select={"cap": 4, "decontaminate": {"enabled": False}},
     )
     quiet_task_logs()
-
-    def fresh_lake() -> Lake:
-        lake = Lake(Path(tempfile.mkdtemp(dir=tmp)) / "lake")
-        ingest(lake, source, dataset="bench")
-        return lake
 
     # Time spent inside the task bodies, on both sides: the rest is orchestration
     inside = {"s": 0.0}
@@ -109,29 +92,29 @@ def main() -> None:
         t.fn = timed(t.fn)
 
     def direct() -> tuple[float, float, int]:
-        lake = fresh_lake()
+        lake = fresh_lake(tmp, source)
         plan = plan_curate(cfg)
-        root, run_id = str(lake.root), plan.run_id
+        root = str(lake.root)
         inside["s"] = 0.0
         start = time.perf_counter()
         prompts = prompt_rows(lake, cfg)
         ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in prompts])
         for batch in batched(prompts, cfg.batch_size):
-            ids = sample_task.fn(root, cfg, run_id, batch, ks).ids
-            verify_task.fn(root, cfg, plan, ids)
-            select_task.fn(root, cfg, plan, ids)
+            ids = sample_task.fn(root, plan, cfg, Batch(prompts=batch, ks=ks)).ids
+            verify_task.fn(root, plan, cfg.verify, Batch(candidate_ids=ids))
+            select_task.fn(root, plan, cfg.select, Batch(candidate_ids=ids))
         summary = run_summary(lake, plan.selection_id)
         took = time.perf_counter() - start
         return took, took - inside["s"], summary["candidates"]
 
     def as_flow() -> tuple[float, float, int]:
-        lake = fresh_lake()
+        lake = fresh_lake(tmp, source)
         inside["s"] = 0.0
         start = time.perf_counter()
         with flow_settings():  # what `thresher curate` (run_curate) runs the flow with
             summary = curate_flow(cfg, str(lake.root), False)
         took = time.perf_counter() - start
-        return took, took - inside["s"], summary["candidates"]
+        return took, took - inside["s"], summary.candidates
 
     @flow(name="bench-noop")
     def noop() -> None:

@@ -18,13 +18,13 @@ median of plain time ratios, and the ratio of the two sides' median times.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from abba import abba
+from shared import options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,11 +42,7 @@ def chat_prompts(n: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=512)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser = options(__doc__, prompts=512, k=8, batch_size=256, max_tokens=32)
     parser.add_argument("--repeats", type=int, default=9, help="at least 5")
     parser.add_argument("--model", default=str(ROOT / ".cache" / "bench-model"))
     parser.add_argument(
@@ -70,8 +66,8 @@ def main() -> None:
     from thresher.config import CurateConfig
     from thresher.flows.runtime import flow_settings
     from thresher.flows.tasks import sample_task
-    from thresher.identities import run_id_for
     from thresher.ingest.load import ingest
+    from thresher.plan import Batch, plan_curate
     from thresher.samplers.engines import local_engine
     from thresher.stores.lake import Lake
     from thresher.stores.queries import load_prompts
@@ -112,8 +108,9 @@ def main() -> None:
     def stage(lake_root: str, batches: list[list[dict]]) -> float:
         # timed inside the flow: a curate run pays the flow's own start once, not per batch
         start = time.perf_counter()
+        plan = plan_curate(cfg)
         for batch in batches:
-            sample_task(lake_root, quote(cfg), run_id_for(cfg), quote(batch))
+            sample_task(lake_root, quote(plan), quote(cfg), quote(Batch(prompts=batch)))
         return time.perf_counter() - start
 
     def thresher() -> tuple[float, int]:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from thresher.answers import answer_key
 from thresher.config import EvalConfig
+from thresher.plan import Batch, EvalPlan
 from thresher.rules import rule_sql
 from thresher.stores.lake import Lake
+from thresher.stores.queries import scoped_verdicts
+from thresher.stores.tables import write_evals
+
+FORMAT_METRIC = "format"  # the share of answers in the asked format, beside pass@k
 
 if TYPE_CHECKING:
     import polars as pl
@@ -35,8 +42,6 @@ def pass_counts(
     """Per prompt of these candidates: task, n candidates and c passing (by `rule`, over
     the verdicts of the verifiers and options in `used`, verifier -> options digest)."""
     import pyarrow as pa
-
-    from thresher.stores.queries import scoped_verdicts
 
     con = lake.connect()
     try:
@@ -79,8 +84,6 @@ def prior_metrics(counts: pl.DataFrame) -> list[dict]:
     pass@1 on the other prompts (a gain there is not a prior learnt)."""
     from collections import Counter
 
-    from thresher.answers import answer_key
-
     rows = [r for r in counts.to_dicts() if r["n"] >= 1 and r.get("reference") is not None]
     modal: dict[str, str] = {}
     for task in {r["task"] for r in rows}:
@@ -116,8 +119,6 @@ def tool_metrics(
     import json
 
     import pyarrow as pa
-
-    from thresher.stores.queries import scoped_verdicts
 
     con = lake.connect()
     try:
@@ -162,16 +163,31 @@ def tool_metrics(
 
 
 def protocol_rules(cfg: EvalConfig) -> dict[str, str | None]:
-    """metric suffix -> rule: the configured rule (""), and where `answer_format` is among
-    the verifiers and no rule is set, the lenient reading without it (" lenient") and the
-    format alone (" format": recorded as `format`, the share of answers in the asked
-    format)."""
+    """metric suffix -> rule: the configured rule (""), and where a verifier of the asked
+    format (held-out role "asked_format") is among others and no rule is set, the lenient
+    reading without it (" lenient") and the format alone (" format": recorded as `format`,
+    the share of answers in the asked format)."""
     names = cfg.verify.all_names()
+    formats = cfg.verify.in_role("asked_format")
     rules: dict[str, str | None] = {"": cfg.verify.rule}
-    if cfg.verify.rule is None and "answer_format" in names and len(names) > 1:
-        rules[" lenient"] = " and ".join(n for n in names if n != "answer_format")
-        rules[" format"] = "answer_format"
+    if cfg.verify.rule is None and formats and len(names) > len(formats):
+        rules[" lenient"] = " and ".join(n for n in names if n not in formats)
+        rules[" format"] = " and ".join(formats)
     return rules
+
+
+@dataclass
+class Measured:
+    """One evaluation's metrics: pass@k per task and overall, and what sits beside them."""
+
+    metrics: list[dict] = field(default_factory=list)
+
+
+def run(lake: Lake, plan: EvalPlan, section: EvalConfig, batch: Batch) -> Measured:
+    """pass@k of the batch's candidates (each prompt's n samples) under the plan's verdicts,
+    written to `evals`."""
+    ids = batch.candidate_ids
+    return Measured(record_pass_at_ks(lake, ids, section, plan.run_id, plan.digests, plan.model_id))
 
 
 def record_pass_at_ks(
@@ -184,13 +200,11 @@ def record_pass_at_ks(
 ) -> list[dict]:
     """pass@k of these candidates (each prompt's n samples) under the config's rule and
     the verdicts `digests` name, written to `evals`; returns the metrics."""
-    from thresher.stores.tables import write_evals
-
     metrics = []
     for suffix, rule in protocol_rules(cfg).items():
         counts = pass_counts(lake, candidate_ids, rule, digests)
         if suffix == " format":
-            metrics += [{**m, "metric": "format"} for m in pass_at_ks(counts, [1])]
+            metrics += [{**m, "metric": FORMAT_METRIC} for m in pass_at_ks(counts, [1])]
             continue
         metrics += [{**m, "metric": m["metric"] + suffix} for m in pass_at_ks(counts, cfg.ks)]
         if suffix == "":

@@ -11,20 +11,21 @@ current selections count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import polars as pl
 
-from thresher.config import FORGETTING
+from thresher.answers import answer_key
+from thresher.config import FORGETTING, EvalConfig
+from thresher.evaluators.passk import pass_counts, protocol_rules
+from thresher.identities import expected_ids
+from thresher.intervals import wilson_interval
+from thresher.plan import plan_eval
 from thresher.stores.lake import (
     DIFFICULTY_BY_ROUND_SQL,
     PROMPT_DIFFICULTY_SQL,
     ROUND_FUNNEL_SQL,
     Lake,
 )
-
-if TYPE_CHECKING:
-    from thresher.config import EvalConfig
+from thresher.stores.queries import existing_candidates, load_prompts
 
 # The funnel and difficulty columns the round table shows beside pass@k.
 ROUND_TABLE_COUNTS = (
@@ -379,10 +380,6 @@ def eval_prompt_rates(lake: Lake, name: str, lenient: bool = False) -> pl.DataFr
     where the run judged it)."""
     import json
 
-    from thresher.config import EvalConfig
-    from thresher.evaluators.passk import pass_counts, protocol_rules
-    from thresher.identities import verifier_digests
-
     where, params = _completed_runs("evaluate", name)
     runs = lake.query(
         f"""SELECT run_id, round, config FROM runs WHERE {where}
@@ -401,7 +398,7 @@ def eval_prompt_rates(lake: Lake, name: str, lenient: bool = False) -> pl.DataFr
         ids = eval_candidate_ids(lake, cfg)
         rules = protocol_rules(cfg)
         rule = rules.get(" lenient", rules[""]) if lenient else rules[""]
-        counts = pass_counts(lake, ids, rule, verifier_digests(cfg.as_curate()))
+        counts = pass_counts(lake, ids, rule, plan_eval(cfg).digests)
         frames.append(
             counts.with_columns(
                 round=pl.lit(run["round"], pl.Int64), rate=pl.col("c") / pl.col("n")
@@ -418,13 +415,10 @@ def eval_prompt_rates(lake: Lake, name: str, lenient: bool = False) -> pl.DataFr
 def eval_candidate_ids(lake: Lake, cfg: EvalConfig) -> list[str]:
     """The candidates an evaluation judged, by their identity (prompts, model, round, n and
     sampling): a run that reused another's samples (its verifiers changed) owns none."""
-    from thresher.samplers import expected_ids, sampling_params
-    from thresher.stores.queries import existing_candidates, load_prompts
-
-    cur = cfg.as_curate()
-    p = cur.prompts
+    plan = plan_eval(cfg)
+    p = cfg.prompts
     prompt_ids = load_prompts(lake, p.dataset, p.split, p.limit, p.task)["prompt_id"].to_list()
-    expected = expected_ids(prompt_ids, cur.model_id, cur.round, cfg.n, sampling_params(cur))
+    expected = expected_ids(prompt_ids, plan.model_id, plan.round, cfg.n, plan.params)
     present = existing_candidates(lake, expected)
     return [i for i in expected if i in present]
 
@@ -488,8 +482,6 @@ def _paired_gain(rates: pl.DataFrame, round_: int | None = None) -> pl.DataFrame
 def modal_flags(rates: pl.DataFrame) -> pl.DataFrame:
     """`rates` with `modal`: the prompt's reference is its task's commonest answer (as
     `thresher.answers.answer_key` spells answers; ties go to the first in order)."""
-    from thresher.answers import answer_key
-
     keyed = rates.with_columns(
         key=pl.col("reference").map_elements(answer_key, return_dtype=pl.String)
     )
@@ -507,8 +499,6 @@ def prior_by_task(lake: Lake, name: str, round_: int | None = None) -> pl.DataFr
     (share of held-out prompts whose reference is the task's commonest answer, with its
     Wilson 95 % interval), pass@1 and its paired gain over the base model, and the same on
     the prompts whose reference is not the commonest (`non_modal_*`)."""
-    from thresher.intervals import wilson_interval
-
     rates = eval_prompt_rates(lake, name)
     if rates.is_empty() or rates["round"].min() != 0:
         return pl.DataFrame(schema={"task": pl.String})

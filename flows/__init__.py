@@ -32,6 +32,6 @@ def flow_object(kind: str) -> Flow[..., Any]:
 
 def config_model(kind: str) -> type[StageConfig]:
     """The config model a flow of this kind takes."""
-    from thresher import config
+    from thresher import config  # local: keeps thresher --help fast
 
     return getattr(config, FLOWS[kind][2])

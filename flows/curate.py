@@ -1,20 +1,31 @@
-"""The curate flow: sample k candidates per prompt, verify them, select what survives."""
+"""The curate flow: sample k candidates per prompt, verify them, select what survives.
+
+A curate run is a declared list of steps over its plan (`CURATE_STEPS`), and each batch of
+prompts goes through its own (`BATCH_STEPS`) once sampled; every step calls stage functions
+through Prefect tasks and records what it did in the run's summary."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.utilities.annotations import quote
+from tqdm.auto import tqdm
 
 from thresher.config import CurateConfig
+from thresher.flows.artifacts import publish
+from thresher.flows.gates import pipeline_gates
 from thresher.flows.runtime import (
     deployment_cleanup,
     quiet_task_logs,
+    resolved,
     run_in_process,
     run_name,
 )
+from thresher.flows.summaries import CurateSummary
 from thresher.flows.tasks import (
     COMPACT_CHECK_EVERY,
     batched,
@@ -28,8 +39,198 @@ from thresher.flows.tasks import (
     top_up_in_chunks,
     verify_task,
 )
-from thresher.plan import RoundPlan, plan_curate
+from thresher.identities import comparable_settings
+from thresher.plan import Batch, RoundPlan, plan_curate
+from thresher.samplers.stage import retired_prompts, run_stats, sampling_plan
+from thresher.selection.select import FUNNEL_DROPS
 from thresher.stores.lake import Lake
+from thresher.stores.queries import band_share, count_verdicts, previous_run, run_summary
+from thresher.stores.runs import config_changes, tracked_run
+from thresher.tracking import log_run, numbers
+
+
+@dataclass
+class CuratePass:
+    """One curate run as it goes: its config, plan and lake, the prompts it samples and
+    how many candidates each gets, and the counts its steps add up."""
+
+    cfg: CurateConfig
+    plan: RoundPlan
+    lake_root: str
+    summary: dict[str, Any]
+    progress: bool = True
+    ks: dict[str, int] = field(default_factory=dict)
+    retired: set[str] = field(default_factory=set)
+    todo: list[dict] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict(sampled=0, verified=0, selected=0))
+    sampling_s: float = 0.0
+
+    @property
+    def lake(self) -> Lake:
+        return Lake(self.lake_root)
+
+
+@dataclass
+class BatchWork:
+    """One batch of a curate pass: its prompts, each prompt's k, and its candidates so far."""
+
+    prompts: list[dict]
+    ids: list[str]
+    first: Any = None  # the first chunk's sampling (for the top-up)
+
+    def batch(self, ks: dict[str, int] | None = None) -> Any:
+        """The batch as the stages take it (quoted: Prefect need not walk its rows)."""
+        return quote(Batch(prompts=self.prompts, candidate_ids=self.ids, ks=ks))
+
+
+def check_gates(run: CuratePass) -> None:
+    """Refuse the run before it samples anything (a reward model below its gate)."""
+    measured = pipeline_gates(run.lake, run.cfg)
+    if measured is not None:
+        run.summary["reward_model_check"] = measured
+
+
+def plan_prompts(run: CuratePass) -> None:
+    """Which prompts the run samples and how many candidates each gets."""
+    rows = prompt_rows(run.lake, run.cfg)
+    run.retired = retired_prompts(run.lake, run.cfg)
+    run.ks = sampling_plan(run.lake, run.cfg, [r["prompt_id"] for r in rows], run.retired)
+    run.todo = [r for r in rows if run.ks[r["prompt_id"]] > 0]
+
+
+def verify_step(run: CuratePass, work: BatchWork) -> None:
+    """Verify the batch's candidates."""
+    run.counts["verified"] += verify_task(
+        run.lake_root, quote(run.plan), quote(run.cfg.verify), work.batch()
+    )
+
+
+def top_up_step(run: CuratePass, work: BatchWork) -> None:
+    """More samples, a chunk at a time, for prompts whose kept count they could change."""
+    if not run.cfg.sampling.chunk:
+        return
+    work.ids, more, verified = top_up_in_chunks(run.lake_root, run.cfg, run.plan, work, run.ks)
+    run.counts["sampled"] += more
+    run.counts["verified"] += verified
+
+
+def rationalize_step(run: CuratePass, work: BatchWork) -> None:
+    """Sample unsolved prompts again with the reference as a hint, and verify those."""
+    if not run.cfg.rationalize.enabled:
+        return
+    hinted = rationalize_task(run.lake_root, quote(run.plan), quote(run.cfg), work.batch())
+    run.counts["sampled"] += hinted.written
+    work.ids = work.ids + hinted.ids
+    verify_step(run, work)
+
+
+def select_step(run: CuratePass, work: BatchWork) -> None:
+    """Select the batch's candidates."""
+    run.counts["selected"] += select_task(
+        run.lake_root, quote(run.plan), quote(run.cfg.select), work.batch()
+    )
+
+
+BATCH_STEPS: tuple[Callable[[CuratePass, BatchWork], None], ...] = (
+    verify_step,
+    top_up_step,
+    rationalize_step,
+    select_step,
+)
+
+
+def curate_batches(run: CuratePass) -> None:
+    """Sample the prompts batch by batch, each sampled batch through `BATCH_STEPS`."""
+    cfg = run.cfg
+    quiet_task_logs()
+    sample = sample_task.with_options(timeout_seconds=cfg.timeout_s)
+    chunk = cfg.sampling.chunk
+    first = {p: min(k, chunk) for p, k in run.ks.items()} if chunk else run.ks
+    batches = [Batch(prompts=b, ks=first) for b in batched(run.todo, cfg.batch_size)]
+    bar = tqdm(total=len(run.todo), unit="prompt", desc="curate", disable=not run.progress)
+    with bar:
+        for i, (batch, sampled) in enumerate(
+            sampled_batches(sample, run.lake_root, run.plan, cfg, batches), 1
+        ):
+            run.counts["sampled"] += sampled.written
+            run.sampling_s += sampled.seconds
+            work = BatchWork(batch.prompts, sampled.ids, sampled)
+            for step in BATCH_STEPS:
+                step(run, work)
+            bar.update(len(batch.prompts))
+            if i % COMPACT_CHECK_EVERY == 0:
+                compact_if_due(run.lake, cfg.compact)
+            if run.sampling_s:
+                bar.set_postfix(candidates_per_s=f"{run.counts['sampled'] / run.sampling_s:.0f}")
+
+
+def summarise(run: CuratePass) -> None:
+    """The run's funnel, what it reused and where it sampled, into its summary."""
+    cfg, plan, lake, ks = run.cfg, run.plan, run.lake, run.ks
+    band = cfg.difficulty
+    run.summary.update(run_stats(cfg))
+    run.summary.update(run_id=plan.run_id, round=cfg.round, **run_summary(lake, plan.selection_id))
+    run.summary.update(
+        selection_id=plan.selection_id,
+        sampled_now=run.counts["sampled"],
+        verified_now=run.counts["verified"],
+        selected_now=run.counts["selected"],
+        verdicts=count_verdicts(lake, plan.selection_id, plan.digests),
+        skipped_solved=sum(k == 0 and p not in run.retired for p, k in ks.items()),
+        retired=sum(p in run.retired for p in ks),
+        band=band_share(lake, plan.selection_id, band.min_pass_rate, band.max_pass_rate),
+        changes=changes_since_last_run(lake, cfg, plan.run_id),
+    )
+    if band.hard_k:
+        run.summary["hard_prompts"] = sum(k == band.hard_k for k in ks.values())
+
+
+def record_monitors(run: CuratePass) -> None:
+    """Distinct answers, similarity, repeated templates, length drift, headroom."""
+    run.summary["monitors"] = monitors_task(
+        run.lake_root, run.cfg.name, run.cfg.round, run.plan.run_id
+    )
+
+
+def compact_lake(run: CuratePass) -> None:
+    """Compact the tables the run left with many small files."""
+    compacted = compact_if_due(run.lake, run.cfg.compact)
+    if compacted:
+        run.summary["compacted"] = compacted
+
+
+def publish_funnel(run: CuratePass) -> None:
+    """The run's funnel as a Prefect artifact (Artifacts page, flow run page)."""
+    cfg, summary = run.cfg, run.summary
+    keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "retired", "passed")
+    keys += (*FUNNEL_DROPS, "kept")  # each selection rule's drops, in the rules' order
+    publish(
+        f"curate-{cfg.name}-round-{cfg.round}",
+        f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",
+        [{k: summary.get(k) for k in keys if summary.get(k) is not None}],
+    )
+
+
+def track(run: CuratePass) -> None:
+    """The run's figures to the tracking server, when the config names one."""
+    cfg = run.cfg
+    if cfg.tracking is None:
+        return
+    figures = numbers(run.summary) | numbers(run.summary.get("monitors") or {}, "monitor/")
+    log_run(cfg.tracking, cfg.name, "curate", run.lake_root, cfg.model_dump(mode="json"),
+            [(cfg.round, figures)])  # fmt: skip
+
+
+CURATE_STEPS: tuple[Callable[[CuratePass], None], ...] = (
+    check_gates,
+    plan_prompts,
+    curate_batches,
+    summarise,
+    record_monitors,
+    compact_lake,
+    publish_funnel,
+    track,
+)
 
 
 def curate_run_name() -> str:
@@ -38,132 +239,34 @@ def curate_run_name() -> str:
 
 
 @flow(name="curate", flow_run_name=curate_run_name)
-def curate_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
+@resolved
+def curate_flow(config: CurateConfig, lake_root: str, progress: bool = True) -> CurateSummary:
     """Sample, verify and select one round for the prompts the config names."""
-    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = CurateConfig.model_validate(config)  # a model passes through as it is
-    from tqdm.auto import tqdm
-
-    from thresher.flows.gates import pipeline_gates
-    from thresher.samplers.stage import retired_prompts, run_stats, sampling_plan
-    from thresher.stores.queries import band_share, run_summary
-    from thresher.stores.runs import tracked_run
-
     lake = Lake(lake_root)
-    plan = plan_curate(cfg)
-    run_id, selection_id = plan.run_id, plan.selection_id
-    run = dict(flow="curate", round_=cfg.round, model=cfg.model_id, config=cfg.model_dump())
+    plan = plan_curate(config)
+    run = dict(flow="curate", round_=config.round, model=config.model_id)
     with (
         deployment_cleanup(),
-        tracked_run(lake, run_id, selection_id=selection_id, **run) as summary,
+        tracked_run(
+            lake, plan.run_id, selection_id=plan.selection_id, config=config.model_dump(), **run
+        ) as summary,  # fmt: skip
     ):
         summary["verifier_digests"] = plan.digests  # which verdicts it reads
-        rm_check = pipeline_gates(lake, cfg)  # before sampling: a bad RM refuses the run
-        if rm_check is not None:
-            summary["reward_model_check"] = rm_check
-        rows = prompt_rows(lake, cfg)
-        retired = retired_prompts(lake, cfg)
-        ks = sampling_plan(lake, cfg, [r["prompt_id"] for r in rows], retired)
-        todo = [r for r in rows if ks[r["prompt_id"]] > 0]
-        done = dict(sampled=0, verified=0, selected=0)
-        sampling_s, batches_done = 0.0, 0
-        quiet_task_logs()
-        sample = sample_task.with_options(timeout_seconds=cfg.timeout_s)
-        chunk = cfg.sampling.chunk
-        first = {p: min(k, chunk) for p, k in ks.items()} if chunk else ks
-        cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(first)
-        with tqdm(total=len(todo), unit="prompt", desc="curate", disable=not progress) as bar:
-            for batch, sampled in sampled_batches(
-                sample, lake_root, cfg, run_id, batched(todo, cfg.batch_size), ks_q
-            ):
-                done["sampled"] += sampled.written
-                sampling_s += sampled.seconds
-                ids = sampled.ids
-                done["verified"] += verify_task(lake_root, cfg_q, plan_q, quote(ids))
-                if chunk:  # more samples only for prompts selection still wants them for
-                    ids, more, verified = top_up_in_chunks(
-                        sample, lake_root, cfg, plan, batch, ks, sampled
-                    )
-                    done["sampled"] += more
-                    done["verified"] += verified
-                if cfg.rationalize.enabled:
-                    hinted = rationalize_task(lake_root, cfg_q, plan_q, quote(batch), quote(ids))
-                    done["sampled"] += hinted.written
-                    ids = ids + hinted.ids
-                    done["verified"] += verify_task(lake_root, cfg_q, plan_q, quote(ids))
-                done["selected"] += select_task(lake_root, cfg_q, plan_q, quote(ids))
-                bar.update(len(batch))
-                batches_done += 1
-                if batches_done % COMPACT_CHECK_EVERY == 0:
-                    compact_if_due(lake, cfg.compact)
-                if sampling_s:
-                    bar.set_postfix(candidates_per_s=f"{done['sampled'] / sampling_s:.0f}")
-        summary.update(run_stats(cfg))
-        summary.update(run_id=run_id, round=cfg.round, **run_summary(lake, selection_id))
-        summary.update(
-            selection_id=selection_id,
-            sampled_now=done["sampled"],
-            verified_now=done["verified"],
-            selected_now=done["selected"],
-            verdicts=verdict_count(lake, plan),
-            skipped_solved=sum(k == 0 and p not in retired for p, k in ks.items()),
-            retired=sum(p in retired for p in ks),
-            band=band_share(
-                lake, selection_id, cfg.difficulty.min_pass_rate, cfg.difficulty.max_pass_rate
-            ),
-            changes=changes_since_last_run(lake, cfg, run_id),
-        )
-        if cfg.difficulty.hard_k:
-            summary["hard_prompts"] = sum(k == cfg.difficulty.hard_k for k in ks.values())
-        # distinct answers, similarity, repeated templates, length drift, headroom
-        summary["monitors"] = monitors_task(lake_root, cfg.name, cfg.round, run_id)
-        compacted = compact_if_due(lake, cfg.compact)
-        if compacted:
-            summary["compacted"] = compacted
-        publish_curate(cfg, summary)
-        if cfg.tracking is not None:
-            from thresher.tracking import log_run, numbers
-
-            figures = numbers(summary) | numbers(summary.get("monitors") or {}, "monitor/")
-            log_run(cfg.tracking, cfg.name, "curate", lake_root, cfg.model_dump(mode="json"),
-                    [(cfg.round, figures)])  # fmt: skip
-    return summary
-
-
-def verdict_count(lake: Lake, plan: RoundPlan) -> int:
-    """The verdicts this run's candidates have from its verifiers with its options."""
-    from thresher.stores.queries import count_verdicts
-
-    return count_verdicts(lake, plan.selection_id, plan.digests)
+        state = CuratePass(config, plan, lake_root, summary, progress)
+        for step in CURATE_STEPS:
+            step(state)
+    return CurateSummary.model_validate(summary)
 
 
 def changes_since_last_run(lake: Lake, cfg: CurateConfig, run_id: str) -> list[str] | None:
     """What differs from the pipeline's previous run of this round (None: there was none)."""
-    from thresher.stores.queries import previous_run
-    from thresher.stores.runs import config_changes
-
     before = previous_run(lake, "curate", cfg.name, cfg.round, run_id)
     if before is None:
         return None
-    from thresher.identities import comparable_settings
-
     return config_changes(comparable_settings(before["config"]), comparable_settings(cfg))
 
 
-def publish_curate(cfg: CurateConfig, summary: dict[str, Any]) -> None:
-    """The run's funnel as a Prefect artifact (Artifacts page, flow run page)."""
-    from thresher.flows.artifacts import publish
-
-    keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "retired", "passed")
-    keys += ("too_easy",)
-    keys += ("truncated_dropped", "contaminated", "duplicates", "capped", "kept")
-    publish(
-        f"curate-{cfg.name}-round-{cfg.round}",
-        f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",
-        [{k: summary.get(k) for k in keys if summary.get(k) is not None}],
-    )
-
-
 def run_curate(cfg: CurateConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Run the curate flow for a validated config, then stop the engine it started."""
+    """Run the curate flow for a validated config, then stop the engine it started;
+    returns the run's summary as recorded."""
     return run_in_process(curate_flow, cfg, lake_root, progress)

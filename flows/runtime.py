@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from thresher.flows.slots import release_engine_slot
+from thresher.samplers.engines import shutdown
+
+if TYPE_CHECKING:
+    from prefect import Flow
+    from pydantic import BaseModel
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # (settings in force, the quiet copy of them): building a copy costs ~30 ms
 _QUIET: list[tuple[Any, Any]] = []
@@ -59,6 +70,15 @@ def _quiet_updates() -> dict:
     }
 
 
+def resolved(fn: F) -> F:
+    """`fn` with its annotations resolved to the classes they name. Under postponed
+    annotations they are strings, which Prefect resolves against the module when a flow
+    runs in this process; a served run gets the flow pickled, and its parameter model
+    comes back with strings nothing resolves. Put it under `@flow`."""
+    fn.__annotations__ = typing.get_type_hints(fn)
+    return fn
+
+
 def run_name(kind: str) -> str:
     """The Prefect name of a `kind` run from its config: kind, pipeline, dataset and round."""
     from prefect.runtime import flow_run
@@ -88,9 +108,6 @@ def deployment_cleanup() -> Iterator[None]:
 
 def stop_engine() -> None:
     """Shut the process's engine (or Ray engine pool) down and give its device slot back."""
-    from thresher.flows.slots import release_engine_slot
-    from thresher.samplers.engines import shutdown
-
     try:
         shutdown()
     finally:
@@ -108,13 +125,17 @@ def quiet_task_logs(flows: bool = False) -> None:
 
 
 def run_in_process(
-    flow: Any, cfg: Any, lake_root: Any, progress: bool, subflows: bool = False
-) -> Any:
+    flow: Flow[..., BaseModel],
+    cfg: BaseModel,
+    lake_root: str | Path,
+    progress: bool,
+    subflows: bool = False,
+) -> dict[str, Any]:
     """Run `flow` for a validated config from a `thresher` command, then stop the engine
-    it started."""
+    it started; returns the run's summary as recorded."""
     quiet_task_logs(flows=subflows)
     try:
         with flow_settings():
-            return flow(cfg, str(lake_root), progress)
+            return flow(cfg, str(lake_root), progress).model_dump(exclude_unset=True)
     finally:
         stop_engine()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from thresher.flows import FLOWS, config_model, flow_object  # noqa: F401
+from thresher.flows.runtime import stop_engine
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -156,8 +157,6 @@ def format_seconds(seconds: float) -> str:
 def stop_engine_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State) -> None:
     """After a served run: stop the run process's vLLM engine and give its device slot
     back (`thresher curate` does this after the flow; a served run is the flow alone)."""
-    from thresher.flows.runtime import stop_engine
-
     stop_engine()
 
 

@@ -88,3 +88,14 @@ class EvalSummary(_Summary):
     def metric_rows(self) -> list[dict[str, Any]]:
         """The metrics as the run summary stores them."""
         return [m.model_dump() for m in self.metrics]
+
+
+class BootstrapSummary(_Summary):
+    """Self-bootstrap rounds: what each round did, every model's evaluation, the best."""
+
+    run_id: str | None = None
+    best_model: str | None = None
+    best_round: int | None = None
+    stopped: str | None = None
+    rounds: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []

@@ -3,6 +3,7 @@ them. A task calls one stage function and returns its counts."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +12,19 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from prefect.utilities.annotations import quote
 
-from thresher.config import CompactConfig, CurateConfig
-from thresher.plan import RoundPlan
-from thresher.samplers.stage import Sampled
+from thresher.cluster import is_cluster_failure
+from thresher.config import CompactConfig, CurateConfig, SelectConfig, VerifyConfig
+from thresher.evaluators.monitors import record_monitors
+from thresher.flows.slots import gpu_slot, hold_for_engine
+from thresher.plan import Batch, RoundPlan, StagePlan
+from thresher.samplers import stage as sampling
+from thresher.samplers.openai_server import ServerError
+from thresher.samplers.stage import EngineSection, Sampled, batches_in_flight
+from thresher.selection import stage as selection
 from thresher.stores.lake import Lake
+from thresher.stores.maintenance import maybe_compact
+from thresher.stores.queries import load_prompts
+from thresher.verifiers import stage as verification
 
 if TYPE_CHECKING:
     from prefect import Task
@@ -28,10 +38,7 @@ class NothingToCurate(ValueError):
 def transient(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:
     """Retry only what a retry can fix: a server that was down or overloaded, connection
     errors and timeouts, a lost Ray engine or node; never a server's refusal (4xx)."""
-    import httpx
-
-    from thresher.cluster import is_cluster_failure
-    from thresher.samplers.openai_server import ServerError
+    import httpx  # local: only a failed task asks
 
     try:
         state.result()
@@ -55,61 +62,40 @@ RETRY = dict(
 
 
 @task(name="sample", cache_policy=NO_CACHE, **RETRY)
-def sample_task(
-    lake_root: str,
-    cfg: CurateConfig,
-    run_id: str,
-    batch: list[dict],
-    ks: dict[str, int] | None = None,
-) -> Sampled:
-    """Sample what the batch is missing (k per prompt, or `ks[prompt_id]`)."""
-    from thresher.flows.slots import hold_for_engine
-    from thresher.samplers.stage import sample_batch
-
-    return sample_batch(Lake(lake_root), cfg, run_id, batch, ks, before_engine=hold_for_engine)
+def sample_task(lake_root: str, plan: StagePlan, section: EngineSection, batch: Batch) -> Sampled:
+    """Sample what the batch is missing (k per prompt, or `batch.ks[prompt_id]`)."""
+    return sampling.run(Lake(lake_root), plan, section, batch, before_engine=hold_for_engine)
 
 
 @task(name="rationalize", cache_policy=NO_CACHE, **RETRY)
 def rationalize_task(
-    lake_root: str, cfg: CurateConfig, plan: RoundPlan, batch: list[dict], ids: list[str]
+    lake_root: str, plan: RoundPlan, section: CurateConfig, batch: Batch
 ) -> Sampled:
     """Sample the batch's unsolved prompts again with the reference answer as a hint."""
-    from thresher.flows.slots import hold_for_engine
-    from thresher.samplers.stage import rationalize_batch
-
-    return rationalize_batch(Lake(lake_root), cfg, plan, batch, ids, hold_for_engine)
+    return sampling.rationalize(Lake(lake_root), plan, section, batch, hold_for_engine)
 
 
 @task(name="verify", cache_policy=NO_CACHE, **RETRY)
-def verify_task(lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str]) -> int:
+def verify_task(lake_root: str, plan: StagePlan, section: VerifyConfig, batch: Batch) -> int:
     """Score the candidates each verifier has not scored yet; returns verdicts written."""
-    from thresher.flows.slots import gpu_slot
-    from thresher.verifiers.stage import verify_batch
-
-    return verify_batch(Lake(lake_root), cfg, plan, ids, device_slot=gpu_slot)
+    return verification.run(Lake(lake_root), plan, section, batch, device_slot=gpu_slot).written
 
 
 @task(name="select", cache_policy=NO_CACHE)
-def select_task(lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str]) -> int:
+def select_task(lake_root: str, plan: RoundPlan, section: SelectConfig, batch: Batch) -> int:
     """Select the batch's candidates; returns selections written (0: selected already)."""
-    from thresher.selection.stage import select_candidates
-
-    return select_candidates(Lake(lake_root), cfg.select, plan, ids)
+    return selection.run(Lake(lake_root), plan, section, batch).written
 
 
 @task(name="monitors", cache_policy=NO_CACHE)
 def monitors_task(lake_root: str, name: str, round_: int, run_id: str) -> dict[str, Any]:
     """Measure and record the round's monitors (evaluators.monitors); returns them."""
-    from thresher.evaluators.monitors import record_monitors
-
     return record_monitors(Lake(lake_root), name, round_, run_id)
 
 
-def prompt_rows(lake: Lake, cfg: CurateConfig, open_test: bool = False) -> list[dict]:
+def prompt_rows(lake: Lake, cfg: EngineSection, open_test: bool = False) -> list[dict]:
     """The config's prompts (id, prompt, messages, answer), ordered by prompt_id (the test
     split only with `open_test`: a final evaluation)."""
-    from thresher.stores.queries import load_prompts
-
     p = cfg.prompts
     prompts = load_prompts(lake, p.dataset, p.split, p.limit, p.task, open_test)
     if prompts.height == 0:
@@ -126,37 +112,32 @@ def batched(rows: list[dict], size: int) -> list[list[dict]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def prompt_batches(lake: Lake, cfg: CurateConfig, open_test: bool = False) -> list[list[dict]]:
+def prompt_batches(lake: Lake, cfg: EngineSection, open_test: bool = False) -> list[Batch]:
     """The config's prompts in batches of `batch_size`."""
-    return batched(prompt_rows(lake, cfg, open_test), cfg.batch_size)
+    return [Batch(prompts=b) for b in batched(prompt_rows(lake, cfg, open_test), cfg.batch_size)]
 
 
 def sampled_batches(
     sample: Task[..., Sampled],
     lake_root: str,
-    cfg: CurateConfig,
-    run_id: str,
-    batches: list[list[dict]],
-    ks_q: quote | None,
-) -> Iterator[tuple[list[dict], Sampled]]:
+    plan: StagePlan,
+    section: EngineSection,
+    batches: list[Batch],
+) -> Iterator[tuple[Batch, Sampled]]:
     """(batch, its sampling) in batch order, with as many batches sampling at once as
     the sampler wants (a Ray pool: one per engine plus one queued), so the engines keep
     sampling while this process verifies and selects the batches they finished."""
-    from collections import deque
-
-    from thresher.samplers.stage import batches_in_flight
-
     # quote(): Prefect would otherwise walk every prompt of a batch looking for futures to
     # resolve, which costs more than the task itself
-    cfg_q = quote(cfg)
-    window = batches_in_flight(cfg)
+    plan_q, section_q = quote(plan), quote(section)
+    window = batches_in_flight(section)
     if window == 1:
         for batch in batches:
-            yield batch, sample(lake_root, cfg_q, run_id, quote(batch), ks_q)
+            yield batch, sample(lake_root, plan_q, section_q, quote(batch))
         return
     pending: deque = deque()
     for batch in batches:
-        pending.append((batch, sample.submit(lake_root, cfg_q, run_id, quote(batch), ks_q)))
+        pending.append((batch, sample.submit(lake_root, plan_q, section_q, quote(batch))))
         if len(pending) >= window:
             done, future = pending.popleft()
             yield done, future.result()
@@ -166,49 +147,44 @@ def sampled_batches(
 
 
 @task(name="chunk", cache_policy=NO_CACHE)
-def chunk_task(
-    lake_root: str, cfg: CurateConfig, plan: RoundPlan, ids: list[str], ks: dict[str, int]
-) -> set[str]:
+def chunk_task(lake_root: str, plan: RoundPlan, section: SelectConfig, batch: Batch) -> set[str]:
     """The prompts of these candidates that need no more samples (selection's view)."""
-    from thresher.selection.stage import satisfied_prompts
-
-    return satisfied_prompts(Lake(lake_root), cfg.select, plan, ids, ks)
+    return selection.satisfied_prompts(Lake(lake_root), plan, section, batch)
 
 
 def top_up_in_chunks(
-    sample: Task[..., Sampled],
-    lake_root: str,
-    cfg: CurateConfig,
-    plan: RoundPlan,
-    batch: list[dict],
-    ks: dict[str, int],
-    sampled: Sampled,
+    lake_root: str, cfg: CurateConfig, plan: RoundPlan, work: Any, ks: dict[str, int]
 ) -> tuple[list[str], int, int]:
     """After a batch's first chunk (verified): sample `sampling.chunk` more for each prompt
     whose kept count more samples could still change, verify, and again, up to its k.
     Returns every candidate id of the batch, the candidates written and the verdicts
     written."""
     chunk = cfg.sampling.chunk or 1
-    cfg_q, plan_q, ks_q = quote(cfg), quote(plan), quote(ks)
-    ids, written, verified = list(sampled.ids), 0, 0
-    have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in batch}
+    plan_q, cfg_q, select_q, verify_q = (
+        quote(plan),
+        quote(cfg),
+        quote(cfg.select),
+        quote(cfg.verify),
+    )
+    ids, written, verified = list(work.ids), 0, 0
+    have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in work.prompts}
     while True:
-        done = chunk_task(lake_root, cfg_q, plan_q, quote(ids), ks_q)
+        done = chunk_task(lake_root, plan_q, select_q, quote(Batch(candidate_ids=ids, ks=ks)))
         more = [
             p
-            for p in batch
+            for p in work.prompts
             if p["prompt_id"] not in done and have[p["prompt_id"]] < ks[p["prompt_id"]]
         ]
         if not more:
             return ids, written, verified
         for p in more:
             have[p["prompt_id"]] = min(have[p["prompt_id"]] + chunk, ks[p["prompt_id"]])
-        step = sample(lake_root, cfg_q, plan.run_id, quote(more), quote(dict(have)))
+        step = sample_task(lake_root, plan_q, cfg_q, quote(Batch(prompts=more, ks=dict(have))))
         written += step.written
         known = set(ids)
         new = [i for i in step.ids if i not in known]
         ids += new
-        verified += verify_task(lake_root, cfg_q, plan_q, quote(new))
+        verified += verify_task(lake_root, plan_q, verify_q, quote(Batch(candidate_ids=new)))
 
 
 COMPACT_CHECK_EVERY = 100  # batches
@@ -216,7 +192,5 @@ COMPACT_CHECK_EVERY = 100  # batches
 
 def compact_if_due(lake: Lake, settings: CompactConfig) -> dict[str, int]:
     """Compact the tables with many small files; returns files before, per table compacted."""
-    from thresher.stores.maintenance import maybe_compact
-
     done = maybe_compact(lake, settings.after_small_files, settings.target_file_mb)
     return {t: m["files_before"] for t, m in done.items()}

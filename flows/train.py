@@ -7,15 +7,22 @@ from typing import Any
 
 from prefect import flow
 
-from thresher.config import TrainConfig
+from thresher.config import DecontamConfig, TrainConfig
+from thresher.flows.runtime import flow_settings, quiet_task_logs, resolved
+from thresher.flows.slots import gpu_slot
+from thresher.flows.summaries import TrainSummary
 from thresher.identities import rows_digest, train_run_id
+from thresher.ingest.load import ingest
+from thresher.plan import TrainPlan
+from thresher.selection.stage import eval_index
 from thresher.stores.lake import Lake
-
-
-def model_dir_for(lake: Lake, name: str, round_: int) -> Path:
-    """Where round `round_`'s model of pipeline `name` lives: <lake>/models/<name>/round-N,
-    or ./models/<name>/round-N when the lake is remote (training needs a local folder)."""
-    return lake.local_dir("models", name, f"round-{round_}")
+from thresher.stores.models import model_dir_for
+from thresher.stores.queries import drop_counts, train_losses
+from thresher.stores.runs import latest_run, tracked_run
+from thresher.tracking import log_run, numbers
+from thresher.trainers import stage as training
+from thresher.trainers.mix import mixed_rows
+from thresher.trainers.sft import claim_output
 
 
 def train_output(cfg: TrainConfig, lake: Lake) -> Path:
@@ -25,7 +32,6 @@ def train_output(cfg: TrainConfig, lake: Lake) -> Path:
 
 def finished_training(lake: Lake, run_id: str) -> dict[str, Any] | None:
     """The summary of this completed run when its output is still there."""
-    from thresher.stores.runs import latest_run
 
     run = latest_run(lake, run_id)
     if not run or run["status"] != "completed":
@@ -44,7 +50,6 @@ def finished_training(lake: Lake, run_id: str) -> dict[str, Any] | None:
 def ingest_mix_paths(cfg: TrainConfig, lake: Lake) -> dict[str, list[str]]:
     """Ingest each `path` source of the mix into the lake (preset sft; a re-run adds
     nothing, bad rows go to `rejects`): path -> the prompt ids its file holds now."""
-    from thresher.ingest.load import ingest
 
     return {
         src.path: ingest(lake, src.path, src.dataset_name, preset="sft").prompt_ids
@@ -65,7 +70,6 @@ def train_run_name() -> str:
 
 def no_rows_message(cfg: TrainConfig, lake: Lake) -> str:
     """Why there is nothing to train on: the round's drop reasons with their counts."""
-    from thresher.stores.queries import drop_counts
 
     if cfg.data.path or cfg.mix:
         return "no training rows: the data the config names is empty"
@@ -76,22 +80,19 @@ def no_rows_message(cfg: TrainConfig, lake: Lake) -> str:
 
 
 @flow(name="train", flow_run_name=train_run_name)
-def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, Any]:
+@resolved
+def train_flow(config: TrainConfig, lake_root: str, progress: bool = True) -> TrainSummary:
     """Train model round+1 from the config; resumes from the newest checkpoint, and does
     nothing when this very run already finished and its model is still on disk."""
-    # a model from a command or a parent flow; a deployment's run passes the JSON it stores
-    cfg = TrainConfig.model_validate(config)  # a model passes through as it is
-    from thresher.stores.runs import tracked_run
-    from thresher.trainers.sft import claim_output
-    from thresher.trainers.stage import load_rows, train_model
+    return TrainSummary.model_validate(train(config, lake_root, progress))
+
+
+def train(cfg: TrainConfig, lake_root: str, progress: bool) -> dict[str, Any]:
+    """The train flow's work: its summary as recorded."""
 
     lake = Lake(lake_root)
     mix = None
     if cfg.mix:
-        from thresher.config import DecontamConfig
-        from thresher.selection.stage import eval_index
-        from thresher.trainers.mix import mixed_rows
-
         # datasets and files skip selection: keep their eval and test items out here
         index = None
         if any(src.outside_selection for src in cfg.mix):
@@ -99,7 +100,7 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
         match = index.match if index is not None else None
         rows, mix = mixed_rows(cfg, lake, ingest_mix_paths(cfg, lake), match)
     else:
-        rows = load_rows(cfg, lake)
+        rows = training.load_rows(cfg, lake)
     if not rows:
         raise ValueError(no_rows_message(cfg, lake))
     run_id = train_run_id(cfg, rows)
@@ -119,10 +120,9 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
         if mix:
             summary["mix"] = mix  # set first: a failed run records it too
 
-        from thresher.flows.slots import gpu_slot
-
         with gpu_slot("train", occupy=cfg.distributed.processes):
-            result = train_model(lake, cfg, run_id, base, rows, out, progress=progress)
+            plan = TrainPlan(run_id=run_id, base_model=base, out_dir=str(out))
+            result = training.run(lake, plan, cfg, rows, progress=progress)
         summary.update(
             {
                 "run_id": run_id,
@@ -150,9 +150,6 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
             }
         )
         if cfg.tracking is not None:
-            from thresher.stores.queries import train_losses
-            from thresher.tracking import log_run, numbers
-
             steps = [(r["step"], numbers(r, "train/")) for r in train_losses(lake, run_id)]
             steps.append((result.steps, numbers(summary, "summary/")))
             log_run(cfg.tracking, cfg.name, "train", lake_root, cfg.model_dump(mode="json"), steps)
@@ -160,9 +157,7 @@ def train_flow(config: Any, lake_root: str, progress: bool = True) -> dict[str, 
 
 
 def run_train(cfg: TrainConfig, lake_root: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Run the train flow for a validated config."""
-    from thresher.flows.runtime import flow_settings, quiet_task_logs
-
+    """Run the train flow for a validated config; returns the run's summary as recorded."""
     quiet_task_logs()
     with flow_settings():
-        return train_flow(cfg, str(lake_root), progress)
+        return train_flow(cfg, str(lake_root), progress).model_dump(exclude_unset=True)

@@ -12,8 +12,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from thresher.config import CurateConfig, RayConfig, SamplingConfig, ServerConfig
-from thresher.samplers.vllm_offline import Completion
+from thresher.config import CurateConfig, EvalConfig, RayConfig, SamplingConfig, ServerConfig
+from thresher.samplers.openai_server import sample_server, server_step
+from thresher.samplers.ray_pool import current_pool, engine_count, engine_pool, shutdown_pool
+from thresher.samplers.tools import engine_step, sample_with_tools
+from thresher.samplers.vllm_offline import (
+    Completion,
+    get_engine,
+    lora_rank,
+    render_prompts,
+    running_engine,
+    sample,
+    shutdown_engine,
+)
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -105,8 +116,6 @@ class LocalEngine(Sampler):
 
     def engine(self):
         """The vLLM engine (started on first use, replacing one of another model)."""
-        from thresher.samplers.vllm_offline import get_engine, running_engine
-
         running = running_engine()
         if running and self.share and self.is_up():
             return running[1]
@@ -123,23 +132,16 @@ class LocalEngine(Sampler):
 
     def rendered(self, prompts, messages) -> list[str]:
         """The prompt strings the engine is given (chat messages through its template)."""
-        from thresher.samplers.vllm_offline import render_prompts
-
         return render_prompts(
             self.engine(), list(prompts), list(self.as_messages(prompts, messages))
         )
 
     def generate(self, prompts, messages, n):
-        from thresher.samplers.vllm_offline import render_prompts, sample
-
         llm = self.engine()
         rendered = render_prompts(llm, list(prompts), list(messages))
         return sample(llm, rendered, k=n, lora=self.lora, **self.params)
 
     def generate_with_tools(self, prompts, messages, n):
-        from thresher.samplers.tools import engine_step, sample_with_tools
-        from thresher.samplers.vllm_offline import render_prompts
-
         llm = self.engine()
         rendered = render_prompts(llm, list(prompts), list(messages))
         p = self.params
@@ -161,14 +163,10 @@ class LocalEngine(Sampler):
         return [(n, limit) if n + room > limit else None for n in counts]
 
     def is_up(self) -> bool:
-        from thresher.samplers.vllm_offline import running_engine
-
         running = running_engine()
         return bool(running) and same_model(running[0], self.engine_kwargs["model"])
 
     def close(self) -> None:
-        from thresher.samplers.vllm_offline import shutdown_engine
-
         shutdown_engine()
 
 
@@ -180,8 +178,6 @@ class ServerSampler(Sampler):
         self.server, self.model = server, model
 
     def generate(self, prompts, messages, n):
-        from thresher.samplers.openai_server import sample_server
-
         srv = self.server
         return sample_server(
             srv.base_url,
@@ -198,9 +194,6 @@ class ServerSampler(Sampler):
         )
 
     def generate_with_tools(self, prompts, messages, n):
-        from thresher.samplers.openai_server import server_step
-        from thresher.samplers.tools import sample_with_tools
-
         srv, p = self.server, self.params
         step = server_step(
             srv.base_url,
@@ -226,8 +219,6 @@ class RayPool(Sampler):
     def __init__(
         self, sampling: SamplingConfig, ray: RayConfig, engine: dict[str, Any], lora: str | None
     ):
-        from thresher.samplers.ray_pool import engine_count
-
         super().__init__(sampling)
         # the engines run in other processes and on other nodes: absolute paths
         self.ray, self.engine_kwargs = ray, engine | {"model": _absolute(engine["model"])}
@@ -235,34 +226,24 @@ class RayPool(Sampler):
         self.in_flight = engine_count(ray) + 1
 
     def generate(self, prompts, messages, n):
-        from thresher.samplers.ray_pool import engine_pool
-
         pool = engine_pool(self.ray, self.engine_kwargs)
         return pool.sample(prompts, messages, n, self.params, self.lora)
 
     def generate_with_tools(self, prompts, messages, n):
-        from thresher.samplers.ray_pool import engine_pool
-
         # the whole loop runs beside its engine, the code in that node's sandbox
         pool = engine_pool(self.ray, self.engine_kwargs)
         return pool.sample(prompts, messages, n, self.params, self.lora, self.tools)
 
     def is_up(self) -> bool:
-        from thresher.samplers.ray_pool import current_pool
-
         return current_pool() is not None
 
     def stats(self) -> dict[str, Any]:
-        from thresher.samplers.ray_pool import current_pool
-
         pool = current_pool()
         return {"executor": "ray", "engines": pool.size if pool else 0} | (
             {"batches_per_engine": list(pool.batches)} if pool else {}
         )
 
     def close(self) -> None:
-        from thresher.samplers.ray_pool import shutdown_pool
-
         shutdown_pool()
 
 
@@ -276,11 +257,14 @@ def _kept(key: list, make: Callable[[], Sampler]) -> Sampler:
     return _OPEN[text]
 
 
-def sampler_for(cfg: CurateConfig, before_engine: Callable[[], None] | None = None) -> Sampler:
+def sampler_for(
+    cfg: CurateConfig | EvalConfig, before_engine: Callable[[], None] | None = None
+) -> Sampler:
     """The config's sampler, made once per process and settings; a local engine starts on
     first use (after `before_engine`) and stays up until `shutdown`."""
     where, s = cfg.placement, cfg.sampling
-    key = [where, cfg.model, cfg.lora, s.model_dump(), cfg.engine.model_dump()]
+    # k is not the sampler's: each call says how many samples it wants
+    key = [where, cfg.model, cfg.lora, s.model_dump(exclude={"k"}), cfg.engine.model_dump()]
     key += [cfg.server and cfg.server.model_dump(), cfg.ray.model_dump()]
     makers: dict[str, Callable[[], Sampler]] = {
         "local": lambda: LocalEngine(s, engine_kwargs(cfg), cfg.lora),
@@ -312,8 +296,6 @@ def sampler_at(
 
 def shutdown() -> None:
     """Close every sampler this process made (its engine, its Ray pool)."""
-    from thresher.samplers.vllm_offline import shutdown_engine
-
     samplers = list(_OPEN.values())
     _OPEN.clear()
     try:
@@ -335,10 +317,8 @@ def _absolute(path: str) -> str:
     return str(Path(path).absolute()) if Path(path).exists() else path
 
 
-def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
+def engine_kwargs(cfg: CurateConfig | EvalConfig) -> dict[str, Any]:
     """The arguments of `get_engine` for this config."""
-    from thresher.samplers.vllm_offline import lora_rank
-
     engine = cfg.engine
     return dict(
         model=cfg.model,
@@ -352,11 +332,11 @@ def engine_kwargs(cfg: CurateConfig) -> dict[str, Any]:
     )
 
 
-def local_engine(cfg: CurateConfig, before_engine: Callable[[], None] | None = None) -> LLM:
+def local_engine(
+    cfg: CurateConfig | EvalConfig, before_engine: Callable[[], None] | None = None
+) -> LLM:
     """This process's vLLM engine for the config (started on first use, after
     `before_engine`)."""
-    from thresher.samplers.vllm_offline import get_engine
-
     if before_engine is not None:
         before_engine()
     return get_engine(**engine_kwargs(cfg))

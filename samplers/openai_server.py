@@ -7,6 +7,7 @@ import json
 import random
 from typing import Any
 
+from thresher.samplers.tools import Step, StepOut
 from thresher.samplers.vllm_offline import Completion
 
 
@@ -171,8 +172,6 @@ def server_step(
     """A tool loop's `StepFn` on a server: a chat prompt goes on from its text so far as
     the assistant's unfinished turn (vLLM's `continue_final_message`), a plain one as its
     prompt plus that text."""
-    from thresher.samplers.tools import Step, StepOut
-
     base = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

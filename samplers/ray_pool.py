@@ -14,6 +14,8 @@ from typing import Any
 
 from thresher.cluster import cluster_gpus, connect
 from thresher.config import RayConfig
+from thresher.samplers.tools import engine_step, sample_with_tools
+from thresher.samplers.vllm_offline import get_engine, render_prompts, sample
 
 _POOL: dict[str, Any] = {"key": None, "pool": None}
 _POOL_LOCK = threading.Lock()
@@ -32,8 +34,6 @@ class _EngineActor:
     """One vLLM engine, alive as long as the pool."""
 
     def __init__(self, engine_kwargs: dict[str, Any]):
-        from thresher.samplers.vllm_offline import get_engine
-
         self.llm = get_engine(**engine_kwargs)
 
     def ready(self) -> bool:
@@ -42,12 +42,8 @@ class _EngineActor:
     def sample(
         self, prompts, messages, k: int, params: dict[str, Any], lora: str | None, tools=None
     ):
-        from thresher.samplers.vllm_offline import render_prompts, sample
-
         rendered = render_prompts(self.llm, prompts, messages)
         if tools is not None:
-            from thresher.samplers.tools import engine_step, sample_with_tools
-
             step = engine_step(self.llm, rendered, params, lora)
             return sample_with_tools(
                 step, len(rendered), k, tools, max_tokens=params["max_tokens"], stop=params["stop"]

@@ -1,7 +1,8 @@
 """The sampling stage: sample what a batch of prompts is missing, and STaR rationalization.
 
-Candidate ids are content hashes, computed once per batch here: they say what exists, what
-to sample, and which candidates the batch's later stages (verify, select) read."""
+Candidate ids are content hashes (thresher.identities), computed once per batch here: they
+say what exists, what to sample, and which candidates the batch's later stages (verify,
+select) read."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from thresher.config import CurateConfig
-from thresher.ids import content_id
-from thresher.plan import RoundPlan
-from thresher.samplers import candidate_rows, expected_ids, sampling_params
+from thresher.config import CurateConfig, EvalConfig
+from thresher.identities import expected_ids
+from thresher.plan import Batch, StagePlan
+from thresher.samplers import candidate_rows
+from thresher.samplers.difficulty import hinted_prompt, plan_k
+from thresher.samplers.engines import sampler_for
 from thresher.stores.lake import Lake
+from thresher.stores.queries import existing_candidates, last_pass_rates, unsolved_prompts
+from thresher.stores.queries import retired_prompts as streaks
+from thresher.stores.tables import write_candidates
+
+# what a sampling stage reads: a config that names a model, how to sample and where
+EngineSection = CurateConfig | EvalConfig
 
 
 @dataclass
@@ -27,18 +36,14 @@ class Sampled:
     seconds: float = 0.0
 
 
-def batches_in_flight(cfg: CurateConfig) -> int:
+def batches_in_flight(section: EngineSection) -> int:
     """How many batches to keep sampling at once (the config's sampler says)."""
-    from thresher.samplers.engines import sampler_for
-
-    return sampler_for(cfg).in_flight
+    return sampler_for(section).in_flight
 
 
-def run_stats(cfg: CurateConfig) -> dict:
+def run_stats(section: EngineSection) -> dict:
     """Where the run sampled, for its summary."""
-    from thresher.samplers.engines import sampler_for
-
-    return sampler_for(cfg).stats()
+    return sampler_for(section).stats()
 
 
 def sampling_plan(
@@ -46,9 +51,6 @@ def sampling_plan(
 ) -> dict[str, int]:
     """prompt_id -> candidates to sample this round (0: skipped as solved, or retired), from
     the pass rates this pipeline measured in its latest earlier round."""
-    from thresher.samplers.difficulty import plan_k
-    from thresher.stores.queries import last_pass_rates
-
     band = cfg.difficulty
     retired = retired_prompts(lake, cfg) if retired is None else retired
     if cfg.round == 0 or (band.skip_solved_above is None and band.hard_below is None):
@@ -63,65 +65,59 @@ def sampling_plan(
 def retired_prompts(lake: Lake, cfg: CurateConfig) -> set[str]:
     """Prompts this pipeline stops sampling: no passing candidate in `retire_after` rounds
     in a row (they carry no signal and would be resampled forever)."""
-    from thresher.stores.queries import retired_prompts as streaks
-
     after = cfg.difficulty.retire_after
     if after is None or cfg.round < after:
         return set()
     return streaks(lake, cfg.name, cfg.round, after)
 
 
-def sample_batch(
+def run(
     lake: Lake,
-    cfg: CurateConfig,
-    run_id: str,
-    batch: list[dict],
-    ks: dict[str, int] | None = None,
+    plan: StagePlan,
+    section: EngineSection,
+    batch: Batch,
     before_engine: Callable[[], None] | None = None,
 ) -> Sampled:
-    """Sample the candidates of `batch` not in the lake yet: indices 0..k-1 of each prompt
-    (k, or `ks[prompt_id]`); raising k samples only the new indices."""
-    ks = ks or {p["prompt_id"]: cfg.sampling.k for p in batch}
-    batch_id = content_id("batch", run_id, [p["prompt_id"] for p in batch])
-    return _sample_missing(
-        lake, cfg, run_id, batch, ks, sampling_params(cfg), batch_id, False, before_engine
-    )
+    """Sample the candidates of the batch's prompts not in the lake yet: indices 0..k-1 of
+    each prompt (`batch.ks[prompt_id]`, else the plan's k); raising k samples only the new
+    indices. `before_engine` runs before a local engine starts (it takes the device)."""
+    ks = batch.ks or {p["prompt_id"]: plan.k for p in batch.prompts}
+    rows = batch.prompts
+    return _sample_missing(lake, plan, section, rows, ks, plan.params, plan.batch_id(batch),
+                           False, before_engine)  # fmt: skip
 
 
-def rationalize_batch(
+def rationalize(
     lake: Lake,
-    cfg: CurateConfig,
-    plan: RoundPlan,
-    batch: list[dict],
-    candidate_ids: list[str],
+    plan: StagePlan,
+    section: CurateConfig,
+    batch: Batch,
     before_engine: Callable[[], None] | None = None,
 ) -> Sampled:
-    """Sample the batch's unsolved prompts (no passing candidate among `candidate_ids`
+    """Sample the batch's unsolved prompts (no passing candidate among its candidates
     under the plan's rule and verdicts) again with the reference answer as a hint."""
-    from thresher.samplers.difficulty import hinted_prompt
-    from thresher.stores.queries import unsolved_prompts
-
-    hints = cfg.rationalize
-    unsolved = set(unsolved_prompts(lake, candidate_ids, plan.rule, plan.digests))
-    run_id = plan.run_id
+    hints = section.rationalize
+    ids = batch.candidate_ids
+    unsolved = set(unsolved_prompts(lake, ids, plan.rule, plan.digests))
     todo = []
-    for p in batch:
+    for p in batch.prompts:
         if p["prompt_id"] in unsolved and p.get("answer") is not None:
             messages = json.loads(p["messages"]) if p["messages"] else None
             prompt, msgs = hinted_prompt(hints.hint, p["prompt"], messages, p["answer"])
             todo.append({**p, "prompt": prompt, "messages": json.dumps(msgs) if msgs else None})
     if not todo:
         return Sampled()
-    params = {**sampling_params(cfg), "hint": hints.hint}
-    batch_id = content_id("hinted-batch", run_id, [p["prompt_id"] for p in todo])
+    params = {**plan.params, "hint": hints.hint}
+    hinted = Batch(prompts=todo)
     ks = {p["prompt_id"]: hints.k for p in todo}
-    return _sample_missing(lake, cfg, run_id, todo, ks, params, batch_id, True, before_engine)
+    return _sample_missing(lake, plan, section, todo, ks, params,
+                           plan.batch_id(hinted, hinted=True), True, before_engine)  # fmt: skip
 
 
 def _sample_missing(
     lake: Lake,
-    cfg: CurateConfig,
-    run_id: str,
+    plan: StagePlan,
+    section: EngineSection,
     batch: list[dict],
     ks: dict[str, int],
     params: dict,
@@ -129,12 +125,9 @@ def _sample_missing(
     hinted: bool,
     before_engine: Callable[[], None] | None,
 ) -> Sampled:
-    from thresher.stores.queries import existing_candidates
-    from thresher.stores.tables import write_candidates
-
     expected = {
         p["prompt_id"]: expected_ids(
-            [p["prompt_id"]], cfg.model_id, cfg.round, ks[p["prompt_id"]], params
+            [p["prompt_id"]], plan.model_id, plan.round, ks[p["prompt_id"]], params
         )
         for p in batch
     }
@@ -148,10 +141,8 @@ def _sample_missing(
     done = Sampled(ids=every)
     if not todo:
         return done
-    from thresher.samplers.engines import sampler_for
-
     # starts the engine on first use (holding the device slot): not counted as sampling time
-    sampler = sampler_for(cfg, before_engine=before_engine)
+    sampler = sampler_for(section, before_engine=before_engine)
     for n in sorted({len(missing[p["prompt_id"]]) for p in todo}):
         group = [p for p in todo if len(missing[p["prompt_id"]]) == n]
         start = time.perf_counter()
@@ -163,9 +154,9 @@ def _sample_missing(
         rows = candidate_rows(
             [p["prompt_id"] for p in group],
             completions,
-            model=cfg.model_id,
-            round_=cfg.round,
-            run_id=run_id,
+            model=plan.model_id,
+            round_=plan.round,
+            run_id=plan.run_id,
             batch_id=batch_id,
             params=params,
             hinted=hinted,

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thresher.config import ToolsConfig
-from thresher.samplers.vllm_offline import Completion
+from thresher.samplers.vllm_offline import Completion, lora_request
+from thresher.sandbox import Limits
+from thresher.sandbox import run_code as run_in_sandbox
 
 
 @dataclass(frozen=True)
@@ -198,15 +200,13 @@ def _code(block: str, tools: ToolsConfig) -> str:
 
 def sandbox_runner(tools: ToolsConfig) -> RunCode:
     """Run codes in the code verifier's sandbox with the tool's limits."""
-    from thresher.sandbox import Limits, run_code
-
     limits = Limits(
         timeout_s=tools.timeout_s,
         cpu_s=int(tools.timeout_s + 0.999) + 1,  # the wall limit should stop a loop first
         memory_mb=tools.memory_mb,
         output_mb=max(tools.output_chars * 4 / 2**20, 0.01),
     )
-    return lambda codes: run_code(codes, limits, tools.workers)
+    return lambda codes: run_in_sandbox(codes, limits, tools.workers)
 
 
 # -- the step on this process's vLLM engine --------------------------------------------
@@ -216,8 +216,6 @@ def engine_step(llm: Any, rendered: list[str], sampling: dict[str, Any], lora: s
     """A `StepFn` on a vLLM engine: each request's prompt is its rendered prompt plus its
     prefix; a request that leaves no room in the context ends with `budget`."""
     from vllm import SamplingParams
-
-    from thresher.samplers.vllm_offline import lora_request
 
     tokenizer = llm.get_tokenizer()
     limit = llm.llm_engine.model_config.max_model_len

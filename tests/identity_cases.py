@@ -111,6 +111,17 @@ def build(kind: str, data: dict):
     return model(**data)
 
 
+def as_curate(cfg):
+    """The curate config that samples and verifies what evaluation `cfg` does: its run and
+    selection ids are pinned, and its candidates and verdicts are the evaluation's own."""
+    from thresher.config import CurateConfig
+
+    sampling = cfg.sampling.model_copy(update={"k": cfg.n})
+    fields = dict(sampling=sampling, name=f"eval:{cfg.name}", model=cfg.model, lora=cfg.lora,
+                  round=cfg.round, prompts=cfg.prompts, verify=cfg.verify)  # fmt: skip
+    return CurateConfig.model_validate(cfg.runtime() | fields, context={"open_test": cfg.final})
+
+
 def ids_of(kind: str, data: dict) -> dict[str, object]:
     """Every identity a config of `kind` determines, by name."""
     return ids_of_config(kind, build(kind, data))
@@ -119,7 +130,8 @@ def ids_of(kind: str, data: dict) -> dict[str, object]:
 def ids_of_config(kind: str, cfg) -> dict[str, object]:
     """Every identity config `cfg` (of `kind`) determines, by name."""
     from thresher import identities as ident
-    from thresher.samplers import candidate_id, sampling_params
+    from thresher.identities import candidate_id, sampling_params
+    from thresher.plan import plan_eval
 
     def curate(cfg) -> dict[str, object]:
         return {
@@ -129,12 +141,18 @@ def ids_of_config(kind: str, cfg) -> dict[str, object]:
             "candidate": candidate_id("p0", cfg.model_id, cfg.round, 0, sampling_params(cfg)),
         }
 
+    def sampled(cfg) -> dict[str, object]:
+        """An evaluation's candidates and verdicts, from its own plan."""
+        plan = plan_eval(cfg)
+        first = candidate_id("p0", plan.model_id, plan.round, 0, plan.params)
+        return {"verdicts": plan.digests, "candidate": first}
+
     if kind == "curate":
         return curate(cfg)
     if kind == "train":
         return {"train": ident.train_run_id(cfg, ROWS)}
     if kind == "eval":
-        return {"eval": ident.eval_run_id(cfg), **curate(cfg.as_curate())}
+        return {"eval": ident.eval_run_id(cfg), **curate(as_curate(cfg)), **sampled(cfg)}
     out: dict[str, object] = {"bootstrap": ident.bootstrap_run_id(cfg)}
     for r in (0, 1):
         model = cfg.base_model if r == 0 else f"models/round-{r}"
@@ -143,7 +161,7 @@ def ids_of_config(kind: str, cfg) -> dict[str, object]:
         out[f"round{r}.train"] = ident.train_run_id(cfg.train_config(r), ROWS)
         ev = cfg.eval_config(r, model)
         out[f"round{r}.eval"] = ident.eval_run_id(ev)
-        out[f"round{r}.eval.candidate"] = curate(ev.as_curate())["candidate"]
+        out[f"round{r}.eval.candidate"] = sampled(ev)["candidate"]
         for i in range(len(cfg.eval.also)):
             out[f"round{r}.also{i}"] = ident.eval_run_id(cfg.forgetting_eval_config(i, r, model))
     return out

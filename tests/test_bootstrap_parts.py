@@ -326,17 +326,19 @@ def test_forgetting_checks_are_held_out_evaluations_of_their_own():
 
 
 def test_the_forgetting_gate_stops_on_a_drop_over_max_drop():
-    from thresher.flows.bootstrap import ForgettingGateFailed, GateFailed, forgetting_gate
+    from thresher.flows.gates import ForgettingGateFailed, GateAt, GateFailed, forgetting_gate
 
     cfg = BootstrapConfig(**BOOT)
     held = [{"check": "g/eval", "pass@1": 0.40, "base_pass@1": 0.45, "drop": 0.05,
              "max_drop": 0.05}]  # fmt: skip
-    forgetting_gate(cfg, 1, held)  # a drop of exactly max_drop holds
-    forgetting_gate(cfg, 1, [{**held[0], "drop": 0.3, "max_drop": None}])  # measured only
+    forgetting_gate(GateAt(None, cfg, 1, checks=held))  # a drop of exactly max_drop holds
+    forgetting_gate(
+        GateAt(None, cfg, 1, checks=[{**held[0], "drop": 0.3, "max_drop": None}])
+    )  # measured only
     lost = [*held, {"check": "h/eval", "pass@1": 0.2, "base_pass@1": 0.5, "drop": 0.3,
                     "max_drop": 0.1}]  # fmt: skip
     with pytest.raises(ForgettingGateFailed) as stopped:
-        forgetting_gate(cfg, 2, lost)
+        forgetting_gate(GateAt(None, cfg, 2, checks=lost))
     assert isinstance(stopped.value, GateFailed)
     line = str(stopped.value)
     assert "\n" not in line and "h/eval" in line and "g/eval" not in line

@@ -142,7 +142,12 @@ def test_export_command(lake, tmp_path):
         ],
     )
     lake.append("verdicts", [{"candidate_id": "c", "verifier": "exact", "passed": True}])
-    select_batch(lake, RoundPlan(None, "r", 0, None, ()), SelectConfig(cap=1), ["c"])
+    select_batch(
+        lake,
+        RoundPlan(run_id=None, selection_id="r", round=0, rule=None, verifiers=()),
+        SelectConfig(cap=1),
+        ["c"],
+    )
     cmd = [
         sys.executable,
         "-m",

@@ -1,7 +1,7 @@
 """Candidate ids are the lake's keys: the fast path must give exactly the ids it always gave."""
 
+from thresher.identities import candidate_id, candidate_ids, expected_ids
 from thresher.ids import content_id
-from thresher.samplers import candidate_id, candidate_ids, expected_ids
 
 PARAMS = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 32, "stop": ["\n", "é"], "seed": 0}
 

@@ -497,8 +497,8 @@ def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
     carry the first run's id, and its per-task rates still come from them."""
     from thresher.config import EvalConfig
     from thresher.evaluators.report import eval_prompt_rates, task_pass_by_round
-    from thresher.identities import verifier_digests
-    from thresher.samplers import expected_ids, sampling_params
+    from thresher.identities import expected_ids
+    from thresher.plan import plan_eval
 
     prompts = {"e0": "a", "e1": "a", "e2": "b"}
     lake.append(
@@ -513,8 +513,8 @@ def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
     )
     again = first.model_copy(update={"verify": {"verifiers": ["exact"]}})
     again = EvalConfig(**again.model_dump())
-    cur = again.as_curate()
-    ids = expected_ids(list(prompts), cur.model_id, 0, 2, sampling_params(cur))
+    cur = plan_eval(again)
+    ids = expected_ids(list(prompts), cur.model_id, 0, 2, cur.params)
     lake.append(
         "candidates",
         [
@@ -530,7 +530,7 @@ def test_per_task_rates_read_an_evaluation_that_reused_anothers_samples(lake):
             for i, c in enumerate(ids)
         ],  # fmt: skip
     )
-    digest = verifier_digests(cur)["exact"]
+    digest = cur.digests["exact"]
     passed = [True, False, True, True, False, False]
     lake.append(
         "verdicts",
@@ -613,8 +613,8 @@ def test_lenient_rates_judge_without_the_asked_format(lake):
     the lenient ones only `exact`'s (what `compare --lenient` pairs)."""
     from thresher.config import EvalConfig
     from thresher.evaluators.report import eval_prompt_rates
-    from thresher.identities import verifier_digests
-    from thresher.samplers import expected_ids, sampling_params
+    from thresher.identities import expected_ids
+    from thresher.plan import plan_eval
 
     prompt = {"prompt_id": "e0", "dataset": "d", "split": "eval", "task": "a", "prompt": "q"}
     lake.append("prompts", [prompt])
@@ -622,14 +622,14 @@ def test_lenient_rates_judge_without_the_asked_format(lake):
         name="fmt", model="m0", prompts={"dataset": "d", "split": "eval"}, n=4, ks=[1],
         verify={"verifiers": ["exact", "answer_format"]},
     )  # fmt: skip
-    cur = cfg.as_curate()
-    ids = expected_ids(["e0"], cur.model_id, 0, 4, sampling_params(cur))
+    cur = plan_eval(cfg)
+    ids = expected_ids(["e0"], cur.model_id, 0, 4, cur.params)
     lake.append(
         "candidates",
         [{"candidate_id": c, "prompt_id": "e0", "run_id": "ev", "round": 0,
           "model": cur.model_id, "sample_idx": i, "text": "x"} for i, c in enumerate(ids)],
     )  # fmt: skip
-    digests = verifier_digests(cur)
+    digests = cur.digests
     right, in_format = [True, True, True, False], [True, False, False, True]
     lake.append(
         "verdicts",

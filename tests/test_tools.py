@@ -151,10 +151,10 @@ def test_a_printed_reference_is_not_the_models_answer(lake):
     (no segments) passes, so the verdict is the segments' doing."""
     from thresher.config import CurateConfig
     from thresher.ingest.load import ingest
-    from thresher.plan import plan_curate
+    from thresher.plan import Batch, plan_curate
     from thresher.samplers import candidate_rows
     from thresher.stores.tables import write_candidates
-    from thresher.verifiers.stage import verify_batch
+    from thresher.verifiers import stage as verification
 
     src = lake.root.parent / "p.jsonl"
     src.write_text(json.dumps({"prompt": "What is 88 * 86?", "answer": "7568"}) + "\n")
@@ -172,7 +172,7 @@ def test_a_printed_reference_is_not_the_models_answer(lake):
         params={"tools": True},
     )  # fmt: skip
     write_candidates(lake, rows)
-    verify_batch(lake, cfg, plan, [r["candidate_id"] for r in rows])
+    verification.run(lake, plan, cfg.verify, Batch(candidate_ids=[r["candidate_id"] for r in rows]))
     got = lake.query(
         "SELECT c.segments IS NOT NULL AS tool, v.passed, v.reason FROM verdicts v "
         "JOIN candidates c USING (candidate_id) ORDER BY tool"

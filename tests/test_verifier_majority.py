@@ -13,7 +13,7 @@ from thresher.evaluators.pseudo_labels import majority_accuracy
 from thresher.flows.tasks import verify_task
 from thresher.identities import verifier_digests
 from thresher.intervals import wilson_interval
-from thresher.plan import RoundPlan
+from thresher.plan import Batch, RoundPlan
 from thresher.selection.select import select_batch
 from thresher.stores.tables import write_candidates, write_verdicts
 from thresher.verifiers import get_verifier, traits
@@ -199,12 +199,17 @@ def _plan(cfg, run_id: str):
     return replace(plan_curate(cfg), run_id=run_id)
 
 
+def _verify(lake, cfg, run_id: str, ids: list[str]) -> int:
+    """The verify task on these candidates, under a plan of `cfg` with this run id."""
+    return verify_task.fn(str(lake.root), _plan(cfg, run_id), cfg.verify, Batch(candidate_ids=ids))
+
+
 def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     k4, k8 = _config(4), _config(8)
     _prompts(lake, {"p": "20", "q": "3"})
     first = _candidates(lake, "p", [21, 21, 20, 7]) + _candidates(lake, "q", [3, 3])
-    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-1"), first) == 6
-    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-1b"), first) == 0  # nothing missing
+    assert _verify(lake, k4, "run-1", first) == 6
+    assert _verify(lake, k4, "run-1b", first) == 0  # nothing missing
     before = _majority(lake, k4)
     # 21: 2 of 4
     assert {c for c, r in before.items() if r["passed"]} == {
@@ -212,7 +217,7 @@ def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     }  # fmt: skip
     # k raised from 4 to 8: 20 now has 4 of 8 votes, 21 three
     new = _candidates(lake, "p", [20, 20, 20, 21], start=4)
-    assert verify_task.fn(str(lake.root), k8, _plan(k8, "run-2"), first + new) == 10  # q's too
+    assert _verify(lake, k8, "run-2", first + new) == 10  # q's too
     after = _majority(lake, k8)
     passed = {c: after[c]["passed"] for c in first + new}
     # the old 21s passed with k 4: now they fail like the new one
@@ -225,11 +230,11 @@ def test_a_larger_k_judges_every_candidate_again_among_all(lake):
     assert {after[c]["run_id"] for c in first + new} == {"run-2"}
     # what k 4 read stays as it was: going back to it reads its own verdicts
     assert _majority(lake, k4) == before
-    assert verify_task.fn(str(lake.root), k4, _plan(k4, "run-3"), first) == 0
+    assert _verify(lake, k4, "run-3", first) == 0
     assert lake.count("verdicts") == 16
     # a hinted candidate (verified in a second call with the batch's plain ones) fails
     hinted = _candidates(lake, "q", [3], start=2, hinted=(2,))
-    assert verify_task.fn(str(lake.root), k8, _plan(k8, "run-4"), first + new + hinted) == 1
+    assert _verify(lake, k8, "run-4", first + new + hinted) == 1
     assert "does not judge hinted" in _majority(lake, k8)["q-r0-2"]["reason"]
     assert _majority(lake, k8)["q-r0-0"]["run_id"] == "run-2"  # q's others kept theirs
 
@@ -297,7 +302,12 @@ def test_majority_accuracy_of_a_pipelines_selection(lake):
     ids = _judged_lake(lake)
     # pipeline "pipe" curated round 0's p1 and p2 only
     chosen = [c for c in ids[0] if c.startswith(("p1-", "p2-"))]
-    select_batch(lake, RoundPlan("run", "sel", 0, None, ()), SelectConfig(near_dup=False), chosen)
+    select_batch(
+        lake,
+        RoundPlan(run_id="run", selection_id="sel", round=0, rule=None, verifiers=()),
+        SelectConfig(near_dup=False),
+        chosen,
+    )
     lake.append(
         "runs",
         [

@@ -15,15 +15,26 @@ the identity of the stages it touches, so only they run again.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from thresher.config import CurateConfig, DifficultyConfig
 from thresher.config.base import COUNTED_WITH, EVERY, IDENTITY_SKIP
 from thresher.ids import content_id
 
 if TYPE_CHECKING:
-    from thresher.config import BootstrapConfig, CurateConfig, EvalConfig, TrainConfig
+    from thresher.config import (
+        BootstrapConfig,
+        CurateConfig,
+        DifficultyConfig,
+        EvalConfig,
+        TrainConfig,
+        VerifyConfig,
+    )
 
 # the identities fields may be left out of (skipped_by)
 KINDS = ("curate", "selection", "candidate", "verdicts", "eval", "train", "bootstrap")
@@ -70,18 +81,26 @@ def sampling_params(cfg: Any) -> dict[str, Any]:
 
 
 def verifier_digests(cfg: CurateConfig) -> dict[str, str]:
-    """verifier -> the digest of its version and options: which verdicts a run reads.
+    """verifier -> the digest of its version and options: which verdicts a curate run reads."""
+    return digests_of(cfg.verify, cfg.sampling.k, cfg.difficulty)
+
+
+def digests_of(
+    verify: VerifyConfig, k: int, difficulty: DifficultyConfig | None = None
+) -> dict[str, str]:
+    """verifier -> the digest of its version and options, for prompts sampled k times.
 
     A verifier that judges a prompt's candidates together (`majority`) also has what
     decides how many a prompt has (k, difficulty): with a larger k every candidate of the
     prompt is judged again among all of them, so old and new verdicts cannot disagree."""
-    from thresher.verifiers import options_digest, traits
+    from thresher.verifiers import options_digest, traits  # local: layering (see test_layers.py)
 
+    difficulty = difficulty if difficulty is not None else DifficultyConfig()
     digests = {}
-    for name in cfg.verify.all_names():
-        digest = options_digest(name, cfg.verify.options.get(name))
+    for name in verify.all_names():
+        digest = options_digest(name, verify.options.get(name))
         if traits(name)["groups"]:
-            group = {"k": cfg.sampling.k, "difficulty": fields_of(cfg.difficulty, "verdicts")}
+            group = {"k": k, "difficulty": fields_of(difficulty, "verdicts")}
             digest = content_id("group-verdicts", digest, group)
         digests[name] = digest
     return digests
@@ -111,23 +130,78 @@ def selection_id_for(cfg: CurateConfig) -> str:
     )
 
 
-def eval_run_id(cfg: EvalConfig) -> str:
+def eval_run_id(cfg: EvalConfig, opening: int | None = None) -> str:
     """What determines the metrics: the model, the prompts, how they are sampled (n), the
-    verifiers with their options and rule, the k's (and the pipeline name, for reports)."""
-    cur = cfg.as_curate()
-    return content_id(
+    verifiers with their options and rule, the k's (and the pipeline name, for reports).
+    Each opening of the sealed test split (a final evaluation) is a run of its own."""
+    run_id = content_id(
         "evaluate",
         cfg.name,
-        cur.model_id,
+        cfg.model_id,
         cfg.round,
         fields_of(cfg.prompts, "eval"),
         cfg.n,
         sorted(cfg.ks),
-        sampling_params(cur),
+        sampling_params(cfg),
         {"verifiers": cfg.verify.verifiers, "by_task": cfg.verify.by_task},
         cfg.verify.rule,
-        verifier_digests(cur),
+        digests_of(cfg.verify, cfg.n),
     )
+    return run_id if opening is None else content_id(run_id, "test-opening", opening)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def candidate_id(
+    prompt_id: str, model: str, round_: int, sample_idx: int, params: dict[str, Any]
+) -> str:
+    """The id of one candidate: same prompt, model, round, index and parameters, same id."""
+    return content_id("candidate", prompt_id, model, round_, sample_idx, params)
+
+
+def _id_parts(model: str, round_: int, params: dict[str, Any]) -> tuple[str, bytes]:
+    """The JSON content_id hashes for a candidate, around its prompt id and index."""
+    return f",{_dumps(model)},{_dumps(round_)},", f",{_dumps(params)}]".encode()
+
+
+def _hashed(prompt_id: str, middle: str, tail: bytes, indices: Iterable[int]) -> list[str]:
+    head = f'["candidate",{_dumps(prompt_id)}{middle}'.encode()
+    return [
+        hashlib.blake2b(head + str(int(i)).encode() + tail, digest_size=8).hexdigest()
+        for i in indices
+    ]
+
+
+def candidate_ids(
+    prompt_id: str, model: str, round_: int, indices: Iterable[int], params: dict[str, Any]
+) -> list[str]:
+    """`candidate_id` for many sample indices of one prompt, the JSON around the index
+    written once (the same text content_id hashes, so the same ids)."""
+    return _hashed(prompt_id, *_id_parts(model, round_, params), indices)
+
+
+def expected_ids(
+    prompt_ids: Sequence[str],
+    model: str,
+    round_: int,
+    k: int | Mapping[str, int],
+    params: dict[str, Any],
+) -> list[str]:
+    """Every candidate id a complete sampling of these prompts produces (`k` per prompt,
+    or `k[prompt_id]`)."""
+    middle, tail = _id_parts(model, round_, params)
+    ids = []
+    for p in prompt_ids:
+        ids += _hashed(p, middle, tail, range(k if isinstance(k, int) else k[p]))
+    return ids
+
+
+def batch_id(run_id: str | None, prompt_ids: Sequence[str], hinted: bool = False) -> str:
+    """The id of one batch's sampling (its candidates' `batch_id`): the run and its prompts
+    (hinted: the batch's rationalization pass)."""
+    return content_id("hinted-batch" if hinted else "batch", run_id, list(prompt_ids))
 
 
 def rows_digest(rows: list[dict]) -> str:
@@ -153,8 +227,6 @@ def comparable_settings(cfg: CurateConfig | dict[str, Any]) -> dict[str, Any]:
     in its identity (a stored config that no longer validates, as it was stored)."""
     if isinstance(cfg, dict):
         from pydantic import ValidationError
-
-        from thresher.config import CurateConfig
 
         try:
             cfg = CurateConfig.model_validate(cfg, context={"open_test": True})

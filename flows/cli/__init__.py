@@ -1,6 +1,7 @@
 """The `thresher` CLI, one module a theme: lake, pipelines, audit, results, schedules, tools."""
 
-# Heavy libraries are imported inside the commands that need them.
+# Heavy libraries, and thresher's modules beyond the CLI, are imported inside the commands
+# that need them (`# local: fast --help`), so `thresher --help` stays fast.
 
 from __future__ import annotations
 

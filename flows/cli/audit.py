@@ -64,7 +64,7 @@ def audit(
     if round_ is None:
         typer.echo(ctx.get_help())
         fail("--round is required to write a sheet", code=2)
-    from thresher.evaluators.audit import AuditError
+    from thresher.evaluators.audit import AuditError  # local: fast --help
     from thresher.evaluators.audit_sheet import write_sheet
     from thresher.stores.lake import Lake
 
@@ -99,7 +99,7 @@ def import_cmd(
     wrong, 1/0); note, who and labelled_at are read when present. Rows without a label are
     skipped; unreadable rows go to `rejects`. Importing the same file twice adds nothing.
     """
-    from thresher.ingest.labels import LabelFileError, import_labels
+    from thresher.ingest.labels import LabelFileError, import_labels  # local: fast --help
     from thresher.stores.lake import Lake
 
     try:
@@ -131,7 +131,11 @@ def quality(
     false-pass rate: passed among the candidates labelled incorrect; false-fail rate:
     failed among those labelled correct. `rule` is the pipeline's selection rule.
     """
-    from thresher.evaluators.audit import quality_shown, verifier_disagreement, verifier_quality
+    from thresher.evaluators.audit import (  # local: fast --help
+        quality_shown,
+        verifier_disagreement,
+        verifier_quality,
+    )
     from thresher.stores.lake import Lake
 
     try:
@@ -187,7 +191,11 @@ def check(
 ) -> None:
     """Exit 1 when a round's labelled false-pass rate is over --max-false-pass (or it has
     too few labels to tell), 0 when it holds: a gate for schedules and CI before training."""
-    from thresher.evaluators.audit import AuditError, check_round, latest_round
+    from thresher.evaluators.audit import (  # local: fast --help
+        AuditError,
+        check_round,
+        latest_round,
+    )
     from thresher.stores.lake import Lake
 
     try:

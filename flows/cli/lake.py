@@ -17,6 +17,7 @@ from thresher.flows.cli import (
     fail,
     print_frame,
 )
+from thresher.ingest.presets import help_lines
 
 
 class SourceFormat(StrEnum):
@@ -28,8 +29,6 @@ class SourceFormat(StrEnum):
 
 
 def _ingest_help() -> str:
-    from thresher.ingest.presets import help_lines
-
     lines = "\n".join(f"- {line}" for line in help_lines())
     return (
         "Load prompts into the lake. Bad rows are kept in `rejects` with a reason.\n\n"
@@ -123,7 +122,7 @@ def ingest(
     lake: LakeOption = None,
 ) -> None:
     """Load prompts into the lake (see the command's help text)."""
-    from thresher.ingest.load import IngestError, parse_mapping
+    from thresher.ingest.load import IngestError, parse_mapping  # local: fast --help
     from thresher.ingest.load import ingest as do_ingest
     from thresher.stores.lake import Lake
 
@@ -196,7 +195,7 @@ def sql(
     """
     import duckdb
 
-    from thresher.stores.delta import SnapshotGone
+    from thresher.stores.delta import SnapshotGone  # local: fast --help
     from thresher.stores.lake import Lake
     from thresher.stores.maintenance import BadSnapshot, as_of_versions
     from thresher.stores.sql import QueryRefused, run_sql
@@ -221,7 +220,7 @@ TableOption = Annotated[
 
 
 def _open_lake(lake: str | None):
-    from thresher.stores.lake import Lake
+    from thresher.stores.lake import Lake  # local: fast --help
 
     try:
         lk = Lake(lake, create=False)
@@ -244,7 +243,7 @@ def history(
     """
     import polars as pl
 
-    from thresher.stores.maintenance import history as table_history
+    from thresher.stores.maintenance import history as table_history  # local: fast --help
 
     lk = _open_lake(lake)
     try:
@@ -266,7 +265,7 @@ def compact(
     changes no query result, and earlier versions stay readable until `thresher vacuum`.
     Curate and bootstrap runs compact on their own past `compact.after_small_files`.
     """
-    from thresher.stores.maintenance import compact as compact_tables
+    from thresher.stores.maintenance import compact as compact_tables  # local: fast --help
 
     lk = _open_lake(lake)
     try:
@@ -293,7 +292,7 @@ def vacuum(
 
     Versions older than --retain may no longer be readable with `sql --as-of` afterwards.
     """
-    from thresher.stores.maintenance import vacuum as vacuum_tables
+    from thresher.stores.maintenance import vacuum as vacuum_tables  # local: fast --help
 
     lk = _open_lake(lake)
     try:
@@ -308,7 +307,7 @@ def vacuum(
 def migrate(lake: LakeOption = None) -> None:
     """Convert a lake written by an older thresher (plain Parquet folders) into Delta
     tables, without losing or doubling a row; run it again if it was interrupted."""
-    from thresher.stores.lake import Lake
+    from thresher.stores.lake import Lake  # local: fast --help
     from thresher.stores.maintenance import migrate as migrate_lake
 
     lk = Lake(lake, create=False)
@@ -324,7 +323,7 @@ def migrate(lake: LakeOption = None) -> None:
 @app.command()
 def tables(lake: LakeOption = None) -> None:
     """List the lake's tables and views with their row counts."""
-    from thresher.stores.lake import DERIVED_VIEWS, Lake
+    from thresher.stores.lake import DERIVED_VIEWS, Lake  # local: fast --help
     from thresher.stores.schemas import TABLES
 
     lk = Lake(lake, create=False)

@@ -38,7 +38,7 @@ def curate(
     indices, a smaller one reads the first k (majority verdicts are judged again among
     all k). The summary says what was reused and why.
     """
-    from thresher.config import ConfigError, load_config
+    from thresher.config import ConfigError, load_config  # local: fast --help
 
     try:
         cfg = load_config(config)
@@ -54,13 +54,13 @@ def curate(
     from thresher.flows.gates import pipeline_gates
     from thresher.flows.tasks import NothingToCurate
     from thresher.stores.lake import Lake
-    from thresher.verifiers.reward import RewardModelRejected
+    from thresher.verifiers.base import GateRefused
 
     lk = Lake(lake_root)
     try:
         pipeline_gates(lk, cfg)  # before the flow: a refusal is one line, no traceback
         summary = run_curate(cfg, lk.root, progress=progress)
-    except (NothingToCurate, RewardModelRejected) as e:
+    except (NothingToCurate, GateRefused) as e:
         fail(str(e))
     print_summary(summary)
 
@@ -188,7 +188,7 @@ def eval_cmd(
     """
     from pydantic import ValidationError
 
-    from thresher.config import EvalConfig
+    from thresher.config import EvalConfig  # local: fast --help
 
     if max_calls is not None and not tools:
         fail("--max-calls needs --tools", code=2)
@@ -209,7 +209,7 @@ def eval_cmd(
                 "tools": tool_cfg,
             },
             engine={"dtype": dtype, "max_model_len": max_model_len},
-            verify={"verifiers": verifier or ["math"]},
+            **({"verify": {"verifiers": verifier}} if verifier else {}),
             executor=executor or "local",
             final=final,
         )
@@ -252,7 +252,7 @@ def train_cmd(
     ./models/ when the lake is remote, e.g. s3://). With `distributed: {processes: N}` the
     same training runs in N processes (one per GPU) under torchrun, DDP or FSDP.
     """
-    from thresher.config import ConfigError, TrainConfig, load_config
+    from thresher.config import ConfigError, TrainConfig, load_config  # local: fast --help
 
     try:
         cfg = load_config(config, TrainConfig)
@@ -308,7 +308,7 @@ def bootstrap(
     last finished step (nothing is sampled or trained twice); a larger --max-rounds adds
     rounds. Prints pass@k and the funnel per round; `thresher report` draws them.
     """
-    from thresher.config import BootstrapConfig, ConfigError, load_config
+    from thresher.config import BootstrapConfig, ConfigError, load_config  # local: fast --help
 
     try:
         cfg = load_config(config, BootstrapConfig)

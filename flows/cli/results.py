@@ -107,7 +107,7 @@ def export(
     Every export writes README.md, a dataset card: the Hub's YAML header, and what made the
     data (sources and licences, model and weights hash, sampling, verifiers, selection,
     decontamination, funnel, thresher's version, the SQL that lists the rows)."""
-    from thresher.flows.handoff import export_data, export_rl
+    from thresher.flows.handoff import export_data, export_rl  # local: fast --help
     from thresher.stores.export import ExportError
     from thresher.stores.lake import Lake
 
@@ -155,7 +155,7 @@ def _export_best(lake, name: str | None, to: Path) -> None:
     """Copy the best model of bootstrap `name` to `to`."""
     import shutil
 
-    from thresher.flows.bootstrap import read_best_pointer
+    from thresher.stores.models import read_best_pointer  # local: fast --help
 
     if not name:
         fail("--best needs --name: the bootstrap pipeline whose best model to export", code=2)
@@ -199,7 +199,7 @@ def report(
     import duckdb
     import polars.selectors as cs
 
-    from thresher.evaluators.page import PLOTS, write_report
+    from thresher.evaluators.page import PLOTS, write_report  # local: fast --help
     from thresher.evaluators.report import round_table
     from thresher.stores.lake import Lake
 

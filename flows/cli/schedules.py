@@ -43,7 +43,7 @@ SCHEDULED_FLOWS = {
 
 def _load_flow_config(kind: str, path: Path):
     """Validate CONFIG with the flow's pydantic model (as the flow's own command does)."""
-    from thresher.config import ConfigError, load_config
+    from thresher.config import ConfigError, load_config  # local: fast --help
     from thresher.flows.schedule import config_model
 
     try:
@@ -71,7 +71,7 @@ def _schedule_flow(
     if (cron is None) == (interval is None):
         fail("give exactly one of --cron EXPR and --interval SECONDS", code=2)
     cfg = _load_flow_config(kind, config)
-    from thresher.flows import schedule as sch
+    from thresher.flows import schedule as sch  # local: fast --help
 
     try:
         sch.require_server()
@@ -151,7 +151,7 @@ _add_schedule_command("evaluate", SCHEDULED_FLOWS["evaluate"], hidden=True, alia
 
 def _with_server():
     """The schedule module, once a Prefect server is known to answer."""
-    from thresher.flows import schedule as sch
+    from thresher.flows import schedule as sch  # local: fast --help
 
     try:
         sch.require_server()

@@ -88,7 +88,7 @@ def audited(tiny_model, tmp_path_factory):
     # one engine for everything sampled here; the gated bootstrap then samples nothing
     with flow_settings():
         curate_flow(good.model_dump(), str(lake.root), False)
-        again = curate_flow(broken.model_dump(), str(lake.root), False)
+        again = dict(curate_flow(broken.model_dump(), str(lake.root), False))
         eval_flow(gated.eval_config(0, model).model_dump(), str(lake.root), False)
     stop_engine()
     res = thresher("audit", "--round", "0", "--name", "good", "--n", "60",

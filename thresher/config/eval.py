@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from thresher.config.base import _Strict, never
-from thresher.config.curate import SEALED, CurateConfig
+from thresher.config.curate import SEALED
 from thresher.config.engine import EngineStage, PromptsConfig
 from thresher.config.verify import VerifyConfig
 
@@ -37,7 +37,7 @@ class EvalConfig(EngineStage, HeldOut):
     model: str
     lora: str | None = None
     round: int = Field(0, ge=0, description="the round this model belongs to")
-    verify: VerifyConfig = Field(default_factory=lambda: VerifyConfig(verifiers=["math"]))
+    verify: VerifyConfig = Field(default_factory=VerifyConfig.for_evaluation)
     final: bool = Field(
         False, description="open the sealed test split (each opening is recorded as a run)"
     )
@@ -50,24 +50,25 @@ class EvalConfig(EngineStage, HeldOut):
             )
         return self
 
-    def as_curate(self) -> CurateConfig:
-        """The sampling and verifying part, as a curate config (nothing is selected)."""
-        sampling = self.sampling.model_copy(update={"k": self.n})
-        if self.n > 1 and sampling.temperature == 0:
-            raise ValueError("n > 1 samples need a temperature above 0")
-        return CurateConfig.model_validate(
-            self.runtime()
-            | {
-                "sampling": sampling,
-                "name": f"eval:{self.name}",
-                "model": self.model,
-                "lora": self.lora,
-                "round": self.round,
-                "prompts": self.prompts,
-                "verify": self.verify,
-            },
-            context={"open_test": self.final},  # a final evaluation opens the test split
-        )
+    @model_validator(mode="after")
+    def _verifiers_accept(self) -> EvalConfig:
+        self.verify.check_pipeline(self)
+        return self
+
+    @property
+    def model_id(self) -> str:
+        """What the `model` column records: the model, plus the adapter when there is one."""
+        return f"{self.model}+lora:{self.lora}" if self.lora else self.model
+
+    @property
+    def placement(self) -> Literal["local", "ray"]:
+        """Where sampling runs: the executor's engines (an evaluation has no server)."""
+        return self.executor
+
+    @property
+    def server(self) -> None:
+        """An evaluation samples with its own engines, never a server."""
+        return None
 
 
 class ForgettingCheckConfig(_Strict):
