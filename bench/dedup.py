@@ -12,9 +12,10 @@ of candidates given the same keep/drop decision).
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
+
+from shared import options
 
 
 def corpus(n: int, per_prompt: int = 8, words: int = 200, seed: int = 0):
@@ -65,11 +66,7 @@ def thresher_dedup(prompt_ids, texts, threshold, num_perm, shingle_size) -> list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--candidates", type=int, default=20000)
-    parser.add_argument("--threshold", type=float, default=0.8)
-    parser.add_argument("--num-perm", type=int, default=128)
-    parser.add_argument("--shingle-size", type=int, default=5)
+    parser = options(__doc__, candidates=20000, threshold=0.8, num_perm=128, shingle_size=5)
     args = parser.parse_args()
     prompt_ids, texts = corpus(args.candidates)
     params = (args.threshold, args.num_perm, args.shingle_size)

@@ -20,38 +20,32 @@ import sys
 import time
 from pathlib import Path
 
+from shared import options
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def setting(dtype: str, kv_gib: str, bind: str | None = None, **engine) -> tuple[dict, dict]:
+    """(engine arguments, environment) of a bare engine: its dtype and other arguments, the
+    KV cache size and where vLLM binds its threads (None: vLLM's default)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": kv_gib}
+    if bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    return {"dtype": dtype, **engine}, env
+
 
 # name -> (engine arguments, environment); None in arguments means thresher's get_engine
 SETTINGS: dict[str, tuple[dict | None, dict]] = {
     "thresher defaults (get_engine)": (None, {}),
-    "bf16, KV 1 GiB, max_num_seqs 256": ({"dtype": "bfloat16"}, {"VLLM_CPU_KVCACHE_SPACE": "1"}),
-    "bf16, KV 6 GiB, max_num_seqs 256": ({"dtype": "bfloat16"}, {"VLLM_CPU_KVCACHE_SPACE": "6"}),
-    "bf16, KV 6 GiB, max_num_seqs 64": (
-        {"dtype": "bfloat16", "max_num_seqs": 64},
-        {"VLLM_CPU_KVCACHE_SPACE": "6"},
-    ),
-    "bf16, KV 6 GiB, threads bound to core 0": (
-        {"dtype": "bfloat16"},
-        {"VLLM_CPU_KVCACHE_SPACE": "6", "VLLM_CPU_OMP_THREADS_BIND": "0"},
-    ),
-    "bf16, KV 6 GiB, threads bound to cores 0-1": (
-        {"dtype": "bfloat16"},
-        {"VLLM_CPU_KVCACHE_SPACE": "6", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
-    ),
-    "bf16, KV 6 GiB, threads not bound (nobind)": (
-        {"dtype": "bfloat16"},
-        {"VLLM_CPU_KVCACHE_SPACE": "6", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-    ),
-    "bf16, KV 1 GiB, threads bound to cores 0-1": (
-        {"dtype": "bfloat16"},
-        {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
-    ),
-    "float32, KV 6 GiB, max_num_seqs 256": ({"dtype": "float32"}, {"VLLM_CPU_KVCACHE_SPACE": "6"}),
-    "float32, KV 6 GiB, threads bound to cores 0-1": (
-        {"dtype": "float32"},
-        {"VLLM_CPU_KVCACHE_SPACE": "6", "VLLM_CPU_OMP_THREADS_BIND": "0-1"},
-    ),
+    "bf16, KV 1 GiB, max_num_seqs 256": setting("bfloat16", "1"),
+    "bf16, KV 6 GiB, max_num_seqs 256": setting("bfloat16", "6"),
+    "bf16, KV 6 GiB, max_num_seqs 64": setting("bfloat16", "6", max_num_seqs=64),
+    "bf16, KV 6 GiB, threads bound to core 0": setting("bfloat16", "6", "0"),
+    "bf16, KV 6 GiB, threads bound to cores 0-1": setting("bfloat16", "6", "0-1"),
+    "bf16, KV 6 GiB, threads not bound (nobind)": setting("bfloat16", "6", "nobind"),
+    "bf16, KV 1 GiB, threads bound to cores 0-1": setting("bfloat16", "1", "0-1"),
+    "float32, KV 6 GiB, max_num_seqs 256": setting("float32", "6"),
+    "float32, KV 6 GiB, threads bound to cores 0-1": setting("float32", "6", "0-1"),
 }
 
 
@@ -105,13 +99,15 @@ def one(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(ROOT / ".cache" / "smollm2-135m-instruct"))
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--runs", type=int, default=2)
+    parser = options(
+        __doc__,
+        model=str(ROOT / ".cache" / "smollm2-135m-instruct"),
+        prompts=16,
+        k=4,
+        max_tokens=128,
+        max_model_len=1024,
+        runs=2,
+    )
     parser.add_argument(
         "--only", action="append", help="run only settings whose name contains this (repeatable)"
     )

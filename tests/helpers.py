@@ -2,7 +2,134 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARITHMETIC = ROOT / "examples" / "arithmetic"
+
+# a verifier's verdict rows: these columns, in this order
+VERDICT_COLUMNS = ["candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms", "answer"]
+
+
+def ingest_arithmetic(lake, dataset: str = "arith", split: str = "train", source: str = "train"):
+    """Ingest examples/arithmetic/<source>.jsonl (its questions under `question`) into `lake`
+    as `dataset`'s `split`, task arithmetic: the ingest report."""
+    from thresher.ingest.load import ingest
+
+    return ingest(
+        lake,
+        ARITHMETIC / f"{source}.jsonl",
+        dataset=dataset,
+        split=split,
+        mapping={"prompt": "question"},
+        task="arithmetic",
+    )
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    """`rows` as a JSON Lines file at `path` (a row given as a string is written as it is)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def run_module(module: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    """`python -m module args...` with this interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, **kw
+    )
+
+
+def thresher(*args: str, **kw) -> subprocess.CompletedProcess:
+    """The `thresher` command line run as a process, its output captured as text."""
+    return run_module("thresher.flows.cli", *args, **kw)
+
+
+def curate_cmd(cfg_path, lake_root) -> list[str]:
+    """The command line of `thresher curate -c CFG --lake LAKE --no-progress`."""
+    return [sys.executable, "-m", "thresher.flows.cli", "curate", "-c", str(cfg_path),
+            "--lake", str(lake_root), "--no-progress"]  # fmt: skip
+
+
+def kill_mid_run(cmd: list[str], written, at_least: int, env=None) -> None:
+    """Start `cmd` in a session of its own, SIGKILL the whole session once `written()` has
+    reached `at_least` (within 300 s), and reap it."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 300
+    while written() < at_least and proc.poll() is None:
+        assert time.monotonic() < deadline, "curate never wrote a batch"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the engine and Prefect's server die with it
+    proc.wait()
+
+
+def resume_run(cmd: list[str], sampled_now: int, env=None) -> subprocess.CompletedProcess:
+    """Run the killed `cmd` again to its end: it must succeed and sample only the
+    `sampled_now` candidates that were missing."""
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"({sampled_now} sampled now" in res.stdout
+    return res
+
+
+def train_settings(**settings):
+    """TrainSettings for the tiny model: learning rate 3e-3, 64 tokens, no warm-up, no
+    validation split, a metric every step, no checkpoint; `settings` override these."""
+    from thresher.config import TrainSettings
+
+    tiny = {"learning_rate": 3e-3, "max_len": 64, "warmup_ratio": 0.0, "eval_fraction": 0.0}
+    return TrainSettings(**{**tiny, "log_every": 1, "save_every": 1000, **settings})
+
+
+def train_config(tiny_model, data, max_steps: int, lora_r: int, **settings) -> dict:
+    """A `thresher train` config of the tiny model on `data`: `max_steps` of LoRA of rank
+    `lora_r` (alpha twice that), six rows a batch, no warm-up or validation split, a metric
+    every step; `settings` add to and override these."""
+    return {
+        "name": "t",
+        "base_model": str(tiny_model),
+        "data": {"path": str(data)},
+        "learning_rate": 3e-3,
+        "max_steps": max_steps,
+        "batch_size": 6,
+        "max_len": 64,
+        "lora": {"r": lora_r, "alpha": 2 * lora_r},
+        "warmup_ratio": 0.0,
+        "eval_fraction": 0.0,
+        "log_every": 1,
+        **settings,
+    }
+
+
+def tiny_curate(tiny_model, name: str, prompts: dict, **settings) -> dict:
+    """Settings of a curate run of the tiny model on the CPU (float32, 256 tokens of context)
+    over `prompts`; `settings` add the rest."""
+    engine = {"dtype": "float32", "max_model_len": 256}
+    return {
+        "name": name,
+        "model": str(tiny_model),
+        "prompts": prompts,
+        "engine": engine,
+        **settings,
+    }
+
+
+def full_training(**settings) -> dict:
+    """A bootstrap's `train` section: full fine-tuning, no validation split, `settings`."""
+    return {"method": "full", "eval_fraction": 0.0, **settings}
 
 
 def free_port() -> int:

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from helpers import train_settings
 
 from thresher.config import TrainSettings
 from thresher.trainers.launch import DistributedTrainingError, train_distributed
@@ -26,20 +27,8 @@ ROWS = [
 def spec(**kw) -> TrainSettings:
     # batch_size 5 over 2 processes: slices of 3 and 2, and a last micro-batch of 3 (2 + 1);
     # the 6 eval rows make batches of 5 and 1, so one rank scores a stand-in row there
-    base = dict(
-        learning_rate=3e-3,
-        max_steps=6,
-        batch_size=5,
-        grad_accum=2,
-        max_len=64,
-        eval_fraction=0.25,
-        eval_every=3,
-        save_every=3,
-        log_every=1,
-        lora={"r": 8, "alpha": 16},
-        warmup_ratio=0.0,
-    )
-    return TrainSettings(**{**base, **kw})
+    base = dict(max_steps=6, batch_size=5, grad_accum=2, eval_fraction=0.25, eval_every=3)
+    return train_settings(**{**base, "save_every": 3, "lora": {"r": 8, "alpha": 16}, **kw})
 
 
 def run(tiny_model, out, processes=1, strategy="ddp", **kw):

@@ -4,6 +4,7 @@ path source ingested once, and completion-only labels for a row of every source 
 import json
 
 import pytest
+from helpers import write_jsonl
 from pydantic import ValidationError
 
 from thresher.config import BootstrapTrainConfig, MixSource, TrainConfig
@@ -100,11 +101,6 @@ def test_a_config_without_a_mix_dumps_as_before():
     mixed = TrainConfig(name="t", base_model="m", mix=[{"pipeline": "self", "weight": 1}])
     assert mixed.model_dump()["mix"][0]["weight"] == 1
     assert TrainConfig(**mixed.model_dump()) == mixed
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
 
 
 SFT_ROWS = [

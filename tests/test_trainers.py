@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import train_settings
 
 from thresher.config import TrainSettings
 from thresher.trainers.data import IGNORE, build_examples, encode
@@ -73,17 +74,7 @@ def test_lora_touches_attention_and_mlp(tiny_model):
 def memorised(tiny_model, tmp_path_factory, made_up_pairs):
     out = tmp_path_factory.mktemp("sft")
     metrics = []
-    spec = TrainSettings(
-        learning_rate=3e-3,
-        max_steps=120,
-        batch_size=6,
-        max_len=64,
-        eval_fraction=0.0,
-        save_every=1000,
-        log_every=1,
-        lora={"r": 16, "alpha": 32},
-        warmup_ratio=0.0,
-    )
+    spec = train_settings(max_steps=120, batch_size=6, lora={"r": 16, "alpha": 32})
     result = train(
         spec,
         str(tiny_model),
@@ -251,17 +242,14 @@ def test_early_stopping_stops_before_its_steps_and_keeps_the_best_step(tiny_mode
         for _ in range(40)
     ]
     metrics = []
-    settings = TrainSettings(
+    settings = train_settings(
         method="full",
         learning_rate=1e-2,
         max_steps=400,
         batch_size=8,
-        max_len=64,
         eval_fraction=0.25,
         eval_every=2,
-        save_every=1000,
         log_every=1000,
-        warmup_ratio=0.0,
         early_stopping={"patience": 3},
     )
     result = train(settings, str(tiny_model), rows, tmp_path, metrics.extend, progress=False)

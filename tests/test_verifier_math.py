@@ -30,6 +30,17 @@ def _batch(pairs: list[tuple[str, str]]) -> pl.DataFrame:
     )
 
 
+def math_cases(*cases):
+    """Parametrize a test with (text, reference, passed) cases."""
+    return pytest.mark.parametrize("text, reference, passed", cases)
+
+
+def expect(text, reference, passed):
+    """MathAnswer passes `text` against `reference` exactly when `passed`."""
+    verdict = MathAnswer().check(text, reference)
+    assert verdict.passed is passed, verdict.reason
+
+
 @pytest.mark.parametrize(
     "text, reference",
     [
@@ -59,42 +70,34 @@ def test_equivalent_forms_pass(text, reference):
     assert verdict.passed, verdict.reason
 
 
-@pytest.mark.parametrize(
-    "text, reference, passed",
-    [
-        (r"So $k = \frac{1}{3}$", "1/3", True),  # not the last number (3)
-        (r"The ratio is $\frac{1+\sqrt{5}}{2}$", "2", False),  # not the last number (2)
-        (r"Answer \( (9+1) \)", "10", True),
-        ("Final Answer: The largest $n$ is 34.", "34", True),
-        ("We get $d = 9$. Therefore there are 12 sequences.", "12", True),  # prose comes last
-        ("We get $d = 9$. Therefore there are 12 sequences.", "9", False),
-        ("Answer $ \n 9 \n $", "9", False),  # inline math broken over lines is not read
-        ("AZYUK2A", "2", False),  # a digit inside a word is no number
-    ],
+@math_cases(
+    (r"So $k = \frac{1}{3}$", "1/3", True),  # not the last number (3)
+    (r"The ratio is $\frac{1+\sqrt{5}}{2}$", "2", False),  # not the last number (2)
+    (r"Answer \( (9+1) \)", "10", True),
+    ("Final Answer: The largest $n$ is 34.", "34", True),
+    ("We get $d = 9$. Therefore there are 12 sequences.", "12", True),  # prose comes last
+    ("We get $d = 9$. Therefore there are 12 sequences.", "9", False),
+    ("Answer $ \n 9 \n $", "9", False),  # inline math broken over lines is not read
+    ("AZYUK2A", "2", False),  # a digit inside a word is no number
 )
 def test_latex_spans_are_read_whole(text, reference, passed):
-    verdict = MathAnswer().check(text, reference)
-    assert verdict.passed is passed, verdict.reason
+    expect(text, reference, passed)
 
 
-@pytest.mark.parametrize(
-    "text, reference, passed",
-    [
-        ("$[0,1)$", "[0,1)", True),
-        ("$[0,9)$", "(0,9)", False),
-        ("$(0,9)$", "[0,9)", False),
-        (
-            r"$\boxed{[-1, -\tfrac12) \cup (-\tfrac12, 0)}$",
-            r"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, 0)",
-            True,
-        ),
-        (r"$x \in [-2,7]$", r"-2 \le x \le 7", True),
-        (r"$(1, +\infty)$", r"(1, +\infty)", True),
-    ],
+@math_cases(
+    ("$[0,1)$", "[0,1)", True),
+    ("$[0,9)$", "(0,9)", False),
+    ("$(0,9)$", "[0,9)", False),
+    (
+        r"$\boxed{[-1, -\tfrac12) \cup (-\tfrac12, 0)}$",
+        r"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, 0)",
+        True,
+    ),
+    (r"$x \in [-2,7]$", r"-2 \le x \le 7", True),
+    (r"$(1, +\infty)$", r"(1, +\infty)", True),
 )
 def test_intervals_keep_their_brackets(text, reference, passed):
-    verdict = MathAnswer().check(text, reference)
-    assert verdict.passed is passed, verdict.reason
+    expect(text, reference, passed)
 
 
 @pytest.mark.parametrize(
@@ -109,60 +112,47 @@ def test_intervals_keep_their_brackets(text, reference, passed):
     ],
 )
 def test_several_answers_in_any_order_boxed_together_or_apart(text, passed):
-    verdict = MathAnswer().check(text, "(2, 2), (6, 2)")
-    assert verdict.passed is passed, verdict.reason
+    expect(text, "(2, 2), (6, 2)", passed)
 
 
-@pytest.mark.parametrize(
-    "text, reference, passed",
-    [
-        (r"\boxed{3}, \boxed{1}, \boxed{2}", r"\{1,2,3\}", True),
-        (r"\boxed{1} and \boxed{2} and \boxed{3}", "1, 2, 3", True),
-        (r"\boxed{3, 2, 1}", "$1$ and $2$ and $3$", True),
-        (r"\boxed{1, 2}", r"\{1,2,3\}", False),
-        (r"\boxed{1,2,3,4}", r"\{1,2,3\}", False),
-        (r"\boxed{-5, \frac{14}{3}}", r"x = -5,\ p = \frac{14}{3}", True),
-    ],
+@math_cases(
+    (r"\boxed{3}, \boxed{1}, \boxed{2}", r"\{1,2,3\}", True),
+    (r"\boxed{1} and \boxed{2} and \boxed{3}", "1, 2, 3", True),
+    (r"\boxed{3, 2, 1}", "$1$ and $2$ and $3$", True),
+    (r"\boxed{1, 2}", r"\{1,2,3\}", False),
+    (r"\boxed{1,2,3,4}", r"\{1,2,3\}", False),
+    (r"\boxed{-5, \frac{14}{3}}", r"x = -5,\ p = \frac{14}{3}", True),
 )
 def test_sets_and_lists_of_answers(text, reference, passed):
-    verdict = MathAnswer().check(text, reference)
-    assert verdict.passed is passed, verdict.reason
+    expect(text, reference, passed)
 
 
-@pytest.mark.parametrize(
-    "text, reference, passed",
-    [
-        ("$E$", r"\text{E}", True),
-        (r"$\text{E}$", "d", False),
-        (r"The answer is $\boxed{\text{(C)}}$.", r"\text{C}", True),
-        ("<answer>Evelyn</answer>", r"\text{Evelyn}", True),
-        ("<answer>Briana</answer>", r"\text{Evelyn}", False),
-        (r"\boxed{odd}", r"\text{odd}", True),
-        ("The answer is no solution.", "no solution", True),
-    ],
+@math_cases(
+    ("$E$", r"\text{E}", True),
+    (r"$\text{E}$", "d", False),
+    (r"The answer is $\boxed{\text{(C)}}$.", r"\text{C}", True),
+    ("<answer>Evelyn</answer>", r"\text{Evelyn}", True),
+    ("<answer>Briana</answer>", r"\text{Evelyn}", False),
+    (r"\boxed{odd}", r"\text{odd}", True),
+    ("The answer is no solution.", "no solution", True),
 )
 def test_text_answers(text, reference, passed):
-    verdict = MathAnswer().check(text, reference)
-    assert verdict.passed is passed, verdict.reason
+    expect(text, reference, passed)
 
 
-@pytest.mark.parametrize(
-    "text, reference, passed",
-    [
-        (r"Therefore $x \geq 5$ is the solution.", "x >= 5", True),
-        (r"$5 \leq x$", r"x \geq 5", True),
-        (r"$-x > -1$", "x < 1", True),
-        (r"$x \leq 5$", r"x \geq 5", False),
-        (r"$x > -1$", "x < 1", False),
-        (r"$y=-\frac{1}{2}x+\frac{3}{4}$", "2x+4y-3=0", True),  # a line
-        (r"$-34x-45y+20z-100=0$", "34x+45y-20z+100=0", True),  # a plane
-        (r"$x = 5+5+1 = 7 =11$", "x = 11", True),
-        ("$0$", "2x + z = 1", False),
-    ],
+@math_cases(
+    (r"Therefore $x \geq 5$ is the solution.", "x >= 5", True),
+    (r"$5 \leq x$", r"x \geq 5", True),
+    (r"$-x > -1$", "x < 1", True),
+    (r"$x \leq 5$", r"x \geq 5", False),
+    (r"$x > -1$", "x < 1", False),
+    (r"$y=-\frac{1}{2}x+\frac{3}{4}$", "2x+4y-3=0", True),  # a line
+    (r"$-34x-45y+20z-100=0$", "34x+45y-20z+100=0", True),  # a plane
+    (r"$x = 5+5+1 = 7 =11$", "x = 11", True),
+    ("$0$", "2x + z = 1", False),
 )
 def test_inequalities_and_equations(text, reference, passed):
-    verdict = MathAnswer().check(text, reference)
-    assert verdict.passed is passed, verdict.reason
+    expect(text, reference, passed)
 
 
 @pytest.mark.parametrize(
@@ -176,8 +166,7 @@ def test_inequalities_and_equations(text, reference, passed):
     ],
 )
 def test_matrices(text, passed):
-    verdict = MathAnswer().check(text, r"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}")
-    assert verdict.passed is passed, verdict.reason
+    expect(text, r"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}", passed)
 
 
 @pytest.mark.parametrize(
@@ -281,7 +270,7 @@ def test_math_pathological_input_does_not_hang():
 
 def test_agrees_with_math_verify_suite():
     """Math-Verify's own regression cases (data nobody here wrote): at least 98% agreement
-    and no pass where the suite expects a fail. The disagreements are listed in the README."""
+    and no pass where the suite expects a fail. docs/verifiers.md lists the disagreements."""
     cases = [json.loads(line) for line in MATH_VERIFY_CASES.read_text().splitlines()]
     out = MathAnswer().run(_batch([(c["pred"], c["gold"]) for c in cases]))
     passed = out["passed"].to_list()

@@ -16,9 +16,12 @@ TESTS = [
 ]
 LIMITS = Limits(timeout_s=6, test_timeout_s=1.5, cpu_s=3, memory_mb=512, output_mb=1)
 
+SUM = "sum(map(int, input().split()))"  # reads the second line and sums it
+SUMS = f"input()\nprint({SUM})\n"  # the plain right answer
+
 # (program, the verdict it must get: "pass" or words its reason must contain)
 PROGRAMS = {
-    "input()": ("input()\nprint(sum(map(int, input().split())))\n", "pass"),
+    "input()": (SUMS, "pass"),
     "sys.stdin.read": (
         "import sys\nn, *xs = map(int, sys.stdin.read().split())\nprint(sum(xs[:n]))\n",
         "pass",
@@ -33,55 +36,39 @@ PROGRAMS = {
         "pass",
     ),
     "extra spaces and blank lines": (
-        "input()\nprint('  ', sum(map(int, input().split())), '  ')\nprint()\nprint()\n",
+        f"input()\nprint('  ', {SUM}, '  ')\nprint()\nprint()\n",
         "pass",
     ),
-    "no final newline": (
-        "import sys\ninput()\nsys.stdout.write(str(sum(map(int, input().split()))))\n",
-        "pass",
-    ),
+    "no final newline": (f"import sys\ninput()\nsys.stdout.write(str({SUM}))\n", "pass"),
     "main guard": (
-        "def main():\n    input()\n    print(sum(map(int, input().split())))\n"
-        "if __name__ == '__main__':\n    main()\n",
+        f"def main():\n    input()\n    print({SUM})\nif __name__ == '__main__':\n    main()\n",
         "pass",
     ),
-    "exit() after printing": (
-        "input()\nprint(sum(map(int, input().split())))\nexit()\n",
-        "pass",
-    ),
-    "sys.exit(0) after printing": (
-        "import sys\ninput()\nprint(sum(map(int, input().split())))\nsys.exit(0)\n",
-        "pass",
-    ),
-    "os.write": (
-        "import os\ninput()\nos.write(1, f'{sum(map(int, input().split()))}\\n'.encode())\n",
-        "pass",
-    ),
+    "exit() after printing": (SUMS + "exit()\n", "pass"),
+    "sys.exit(0) after printing": ("import sys\n" + SUMS + "sys.exit(0)\n", "pass"),
+    "os.write": ("import os\ninput()\nos.write(1, f'{" + SUM + "}\\n'.encode())\n", "pass"),
     "deep recursion": (
         "import sys\nsys.setrecursionlimit(10000)\n"
         "def s(xs):\n    return xs[0] + s(xs[1:]) if xs else 0\n"
         "input()\nprint(s(list(map(int, input().split())) + [0] * 2000))\n",
         "pass",
     ),
-    "off by one": ("input()\nprint(sum(map(int, input().split())) + 1)\n", "wrong answer"),
+    "off by one": (f"input()\nprint({SUM} + 1)\n", "wrong answer"),
     "prints the max": ("input()\nprint(max(map(int, input().split())))\n", "wrong answer"),
     "reads nothing, prints a constant": ("print(6)\n", "test 2 of 3: wrong answer"),
     "prints nothing": ("pass\n", "expected 1 lines of output, got 0"),
     "answer twice": (
-        "input()\nv = sum(map(int, input().split()))\nprint(v)\nprint(v)\n",
+        f"input()\nv = {SUM}\nprint(v)\nprint(v)\n",
         "expected 1 lines of output, got 2",
     ),
-    "extra token": (
-        "input()\nprint(sum(map(int, input().split())), 0)\n",
-        "expected 1 tokens, got 2",
-    ),
+    "extra token": (f"input()\nprint({SUM}, 0)\n", "expected 1 tokens, got 2"),
     "answer on stderr only": (
-        "import sys\ninput()\nprint(sum(map(int, input().split())), file=sys.stderr)\n",
+        f"import sys\ninput()\nprint({SUM}, file=sys.stderr)\n",
         "wrong answer",
     ),
     "division by zero": ("input()\nprint(1 // 0)\n", "runtime error (exit code 1): ZeroDivision"),
     "sys.exit(3) after a right answer": (
-        "import sys\ninput()\nprint(sum(map(int, input().split())))\nsys.exit(3)\n",
+        "import sys\n" + SUMS + "sys.exit(3)\n",
         "runtime error (exit code 3)",
     ),
     "os._exit(1)": ("import os\nos._exit(1)\n", "runtime error (exit code 1)"),
@@ -97,8 +84,7 @@ PROGRAMS = {
         "time limit exceeded",
     ),
     "right answer, then spins": (
-        "import sys\ninput()\nprint(sum(map(int, input().split())), flush=True)\n"
-        "while True:\n    pass\n",
+        f"import sys\ninput()\nprint({SUM}, flush=True)\nwhile True:\n    pass\n",
         "time limit exceeded",
     ),
     "prints forever": ("while True:\n    print('x' * 1000)\n", "output limit exceeded"),

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 import yaml
+from helpers import full_training, ingest_arithmetic, thresher
 
 from thresher.evaluators.report import gain_by_task, task_pass_by_round
-from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
@@ -22,20 +21,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 def _lake(tmp_path: Path) -> Lake:
     lake = Lake(tmp_path / "lake")
     for split in ("train", "eval"):
-        ingest(
-            lake,
-            EXAMPLES / f"{split}.jsonl",
-            dataset="arith",
-            split=split,
-            mapping={"prompt": "question"},
-            task="arithmetic",
-        )
+        ingest_arithmetic(lake, split=split, source=split)
     return lake
 
 
 def _thresher(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "thresher.flows.cli", *args, "--no-progress"]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    return thresher(*args, "--no-progress")
 
 
 def _count(lake: Lake, sql: str, params=None) -> int:
@@ -60,15 +51,9 @@ def test_two_bootstrap_rounds_and_a_rerun_that_redoes_nothing(tiny_model, tmp_pa
         "select": {"cap": 2},
         "difficulty": {"skip_solved_above": 1.0, "hard_below": 0.5, "hard_k": 6},
         "rationalize": {"enabled": True, "k": 2, "max_share": 0.5},
-        "train": {
-            "method": "full",
-            "learning_rate": 0.001,
-            "max_steps": 4,
-            "batch_size": 8,
-            "max_len": 64,
-            "eval_fraction": 0.0,
-            "save_every": 2,
-        },
+        "train": full_training(
+            learning_rate=0.001, max_steps=4, batch_size=8, max_len=64, save_every=2
+        ),
         "eval": {
             "prompts": {"dataset": "arith", "split": "eval", "limit": 20},
             "n": 4,
@@ -307,16 +292,14 @@ def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
         "engine": {"dtype": "float32", "max_model_len": 256},
         "verify": {"verifiers": ["math"], "rule": "not math"},  # wrong answers only
         "select": {"cap": 4, "near_dup": False},
-        "train": {
-            "method": "full",
-            "learning_rate": 0.01,
-            "max_steps": 40,
-            "batch_size": 8,
-            "max_len": 64,
-            "eval_fraction": 0.0,
-            "save_every": 100,
-            "mix": [{"pipeline": "self", "weight": 1}, {"path": str(wrong), "weight": 3}],
-        },
+        "train": full_training(
+            learning_rate=0.01,
+            max_steps=40,
+            batch_size=8,
+            max_len=64,
+            save_every=100,
+            mix=[{"pipeline": "self", "weight": 1}, {"path": str(wrong), "weight": 3}],
+        ),
         "eval": {
             "prompts": {"dataset": "arith", "split": "eval", "limit": 24},
             "n": 4,
@@ -350,26 +333,14 @@ def test_a_planted_bad_round_rolls_back_to_the_best_model(tiny_model, tmp_path):
     assert summary["best_round"] == best
     pointer = json.loads((lake.root / "models" / "planted" / "best.json").read_text())
     assert pointer["round"] == best
-    report = subprocess.run(
-        [sys.executable, "-m", "thresher.flows.cli", "report", "--name", "planted"]
-        + ["--lake", str(lake.root)],
-        capture_output=True,
-        text=True,
-    )
+    report = thresher("report", "--name", "planted", "--lake", str(lake.root))
     assert report.returncode == 0, report.stderr[-3000:]
     page = (lake.root / "report" / "index.html").read_text()
     assert "Round 1 sampled with model 0" in page and f"round {best}</b>" in page
     # The same run with a forgetting check on a held-out set of its own: model 1 (trained
     # on wrong answers) loses pass@1 there against the base model, so the run stops at
     # round 1 with one line and the figures; finished steps are reused, not redone.
-    ingest(
-        lake,
-        EXAMPLES / "eval.jsonl",
-        dataset="general",
-        split="eval",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
+    ingest_arithmetic(lake, "general", split="eval", source="eval")
     trained_before = _count(lake, "SELECT count(*) FROM runs WHERE flow = 'train'")
     config["eval"]["also"] = [{"dataset": "general", "limit": 24, "max_drop": 0.0}]
     path.write_text(yaml.safe_dump(config))

@@ -2,24 +2,15 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-from thresher.ingest.load import ingest
+from helpers import ingest_arithmetic
+
 from thresher.stores.lake import Lake
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 
 
 def test_eval_writes_pass_at_k_and_resumes(tiny_model, tmp_path):
     lake = Lake(tmp_path / "lake")
-    ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="arith",
-        split="eval",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
+    ingest_arithmetic(lake, split="eval")
     cmd = [
         sys.executable,
         "-m",
@@ -90,15 +81,8 @@ def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp
     from thresher.stores.queries import SealedSplit, load_prompts
 
     lake = Lake(tmp_path / "lake")
-    for split, name in (("eval", "train.jsonl"), ("test", "eval.jsonl")):
-        report = ingest(
-            lake,
-            EXAMPLES / name,
-            dataset="arith",
-            split=split,
-            mapping={"prompt": "question"},
-            task="arithmetic",
-        )
+    for split, name in (("eval", "train"), ("test", "eval")):
+        report = ingest_arithmetic(lake, split=split, source=name)
         assert report.ingested > 0, report
     base = [sys.executable, "-m", "thresher.flows.cli", "eval", "--model", str(tiny_model)]
     base += ["--dataset", "arith", "--split", "test", "-k", "1", "--n", "2", "--limit", "8"]

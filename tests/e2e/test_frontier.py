@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from helpers import full_training
 
 from thresher.answers import answer_key
 from thresher.config import BootstrapConfig, CurateConfig
@@ -171,14 +172,7 @@ def test_the_restate_remedy_raises_the_format_share_over_a_round(lake, tiny_mode
             },
             "format": {"remedy": "restate", "min_compliance": 0.5},
             "select": {"cap": 2, "decontaminate": {"exact": True}},
-            "train": {
-                "method": "full",
-                "learning_rate": 0.003,
-                "max_steps": 60,
-                "batch_size": 16,
-                "max_len": 96,
-                "eval_fraction": 0.0,
-            },
+            "train": full_training(learning_rate=0.003, max_steps=60, batch_size=16, max_len=96),
             # held out in the context it trained in: the tiny model does not carry a format
             # learnt without the system message over to prompts that have one
             "eval": {
@@ -322,13 +316,7 @@ def test_an_environment_round_moves_each_level_by_its_hand_counted_pass_rate(tin
                 "keep_truncated": True,
                 "decontaminate": {"exact": True},
             },
-            "train": {
-                "method": "full",
-                "max_steps": 2,
-                "batch_size": 8,
-                "max_len": 224,
-                "eval_fraction": 0.0,
-            },
+            "train": full_training(max_steps=2, batch_size=8, max_len=224),
             "eval": {"prompts": {"dataset": "env-held", "split": "eval"}, "n": 1, "ks": [1]},
         }
     )

@@ -10,11 +10,9 @@ import textwrap
 from pathlib import Path
 
 import yaml
+from helpers import ingest_arithmetic
 
-from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 
 HOLDER = textwrap.dedent(
     """
@@ -98,14 +96,7 @@ def _curate_config(path: Path, model: Path, dataset: str) -> Path:
 def test_two_concurrent_curate_runs_share_a_lake(tiny_model, tmp_path, prefect_env):
     lake = Lake(tmp_path / "lake")
     for dataset, source in (("alpha", "train"), ("beta", "eval")):
-        ingest(
-            lake,
-            EXAMPLES / f"{source}.jsonl",
-            dataset=dataset,
-            split="train",
-            mapping={"prompt": "question"},
-            task="arithmetic",
-        )
+        ingest_arithmetic(lake, dataset, source=source)
     procs = []
     for dataset in ("alpha", "beta"):
         cfg = _curate_config(tmp_path / f"{dataset}.yaml", tiny_model, dataset)
@@ -166,13 +157,7 @@ def test_runs_are_named_and_publish_their_funnel(tiny_model, tmp_path, prefect_s
     from thresher.flows.curate import run_curate
 
     lake = Lake(tmp_path / "lake")
-    ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="named",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
+    ingest_arithmetic(lake, "named")
     cfg = CurateConfig(
         name="named-run",
         model=str(tiny_model),

@@ -1,34 +1,15 @@
 """SIGKILL a curate run mid-way, run it again: exact counts, no duplicates, no re-sampling."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
+from helpers import curate_cmd, ingest_arithmetic, kill_mid_run, resume_run
 
-from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 K = 4
-
-
-def curate_cmd(cfg_path, lake_root):
-    return [
-        sys.executable,
-        "-m",
-        "thresher.flows.cli",
-        "curate",
-        "-c",
-        str(cfg_path),
-        "--lake",
-        str(lake_root),
-        "--no-progress",
-    ]
 
 
 def part_files(lake_root):
@@ -38,13 +19,7 @@ def part_files(lake_root):
 
 def test_kill_and_resume(tiny_model, tmp_path):
     lake = Lake(tmp_path / "lake")
-    n_prompts = ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="arith",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    ).ingested
+    n_prompts = ingest_arithmetic(lake).ingested
     cfg = {
         "name": "resume",
         "model": str(tiny_model),
@@ -58,19 +33,8 @@ def test_kill_and_resume(tiny_model, tmp_path):
 
     # vLLM's default engine, a process of its own: a kill must take it down too
     default_engine = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    proc = subprocess.Popen(
-        curate_cmd(cfg_path, lake.root),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env=default_engine,
-    )
-    deadline = time.monotonic() + 300
-    while len(part_files(lake.root)) < 3 and proc.poll() is None:
-        assert time.monotonic() < deadline, "curate never wrote a batch"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the engine and Prefect's server die with it
-    proc.wait()
+    cmd = curate_cmd(cfg_path, lake.root)
+    kill_mid_run(cmd, lambda: len(part_files(lake.root)), 3, env=default_engine)
 
     before = {f.name: pq.read_table(f) for f in part_files(lake.root)}
     done = sum(t.num_rows for t in before.values())
@@ -78,11 +42,7 @@ def test_kill_and_resume(tiny_model, tmp_path):
     done_batches = {b for t in before.values() for b in t.column("batch_id").to_pylist()}
     assert lake.query("SELECT status FROM runs")["status"].to_list() == ["running"]
 
-    res = subprocess.run(
-        curate_cmd(cfg_path, lake.root), capture_output=True, text=True, env=default_engine
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f"({n_prompts * K - done} sampled now" in res.stdout
+    resume_run(cmd, n_prompts * K - done, env=default_engine)
 
     counts = lake.query(
         "SELECT count(*) AS n, count(DISTINCT candidate_id) AS ids, "

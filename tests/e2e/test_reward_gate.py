@@ -3,10 +3,10 @@ reward model whose recorded pairwise accuracy is high enough, or when forced (re
 real vLLM engine, real lake)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ingest_arithmetic, tiny_curate
 from typer.testing import CliRunner
 
 from thresher.config import BootstrapConfig, CurateConfig
@@ -14,12 +14,10 @@ from thresher.flows.bootstrap import run_bootstrap
 from thresher.flows.cli import app
 from thresher.flows.curate import run_curate
 from thresher.identities import run_id_for
-from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 from thresher.stores.runs import latest_rm_check
 from thresher.verifiers.reward import RewardModelRejected
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 PROMPTS, K = 2, 2
 
 
@@ -32,16 +30,13 @@ def invoke(*args: str):
 
 def test_a_reward_model_must_pass_rm_check(tiny_model, tiny_reward_model, tmp_path):
     lake = Lake(tmp_path / "lake")
-    ingest(
-        lake, EXAMPLES / "train.jsonl", "arith", mapping={"prompt": "question"}, task="arithmetic"
-    )
-    settings = dict(
-        name="rm-gate",
-        model=str(tiny_model),
+    ingest_arithmetic(lake)
+    settings = tiny_curate(
+        tiny_model,
+        "rm-gate",
+        {"dataset": "arith", "limit": PROMPTS},
         batch_size=PROMPTS,
-        prompts={"dataset": "arith", "limit": PROMPTS},
         sampling={"k": K, "max_tokens": 16, "temperature": 0.8},
-        engine={"dtype": "float32", "max_model_len": 256},
         verify={
             "verifiers": ["exact", "reward"],
             "rule": "exact",

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from helpers import ingest_arithmetic, run_module, thresher
 
 from thresher.config import (
     BootstrapConfig,
@@ -25,22 +26,14 @@ from thresher.config import (
     load_config,
 )
 from thresher.flows.schedule import FLOWS, ScheduleError, apply_params, parse_param
-from thresher.ingest.load import ingest
 from thresher.stores.lake import Lake
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples" / "arithmetic"
 HEAVY = ("torch", "vllm", "transformers", "prefect", "datasets")
 
 
 def _thresher(*args: str, env: dict[str, str], timeout: float = 120):
-    return subprocess.run(
-        [sys.executable, "-m", "thresher.flows.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    return thresher(*args, env=env, timeout=timeout)
 
 
 # ---------------------------------------------------------------- no server needed
@@ -159,7 +152,7 @@ def test_prefect_yaml_deployments_are_valid():
         assert params["progress"] is False
         assert d["work_pool"]["name"] == "thresher"
         assert d["paused"] is True and d["schedules"], name  # nothing runs unasked
-    # the inlined configs are the files the README points to
+    # the inlined configs are the bundled files in configs/
     demo = deployments["curate-demo"]["parameters"]["config"]
     assert CurateConfig(**demo) == load_config(ROOT / "configs" / "demo.yaml")
     boot = deployments["bootstrap-demo"]["parameters"]["config"]
@@ -231,14 +224,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_schedule_pause_list_trigger_delete(tiny_model, tmp_path, prefect_server, prefect_env):
     url = prefect_server
     lake = Lake(tmp_path / "lake")
-    ingest(
-        lake,
-        EXAMPLES / "train.jsonl",
-        dataset="arith",
-        split="train",
-        mapping={"prompt": "question"},
-        task="arithmetic",
-    )
+    ingest_arithmetic(lake)
     cfg = tmp_path / "sched.yaml"
     cfg.write_text(
         yaml.safe_dump(
@@ -356,14 +342,7 @@ def test_prefect_deploy_reads_prefect_yaml(prefect_server, prefect_env):
     url = prefect_server
 
     def prefect(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "prefect", *args],
-            capture_output=True,
-            text=True,
-            env=prefect_env,
-            cwd=ROOT,
-            timeout=180,
-        )
+        return run_module("prefect", *args, env=prefect_env, cwd=ROOT, timeout=180)
 
     res = prefect("work-pool", "create", "thresher", "--type", "process")
     assert res.returncode == 0, res.stdout + res.stderr

@@ -3,15 +3,11 @@ engine, its code run in the real sandbox, the turns kept in the lake, curated, e
 shown in the report and the audit sheet, and a killed run resumed."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import curate_cmd, kill_mid_run, resume_run
 
 from thresher.config import CurateConfig, EvalConfig, ToolsConfig
 from thresher.flows.curate import run_curate
@@ -183,28 +179,17 @@ def test_a_killed_tool_run_resumes_without_duplicating_segments(tool_model, tmp_
     }
     cfg_path = tmp_path / "tools.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "thresher.flows.cli", "curate", "-c", str(cfg_path),
-           "--lake", str(lake.root), "--no-progress"]  # fmt: skip
+    cmd = curate_cmd(cfg_path, lake.root)
 
     def committed() -> int:
         return len(Lake(lake.root).tables.files("candidates")[1])
 
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    deadline = time.monotonic() + 300
-    while committed() < 2 and proc.poll() is None:
-        assert time.monotonic() < deadline, "curate never wrote a batch"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_mid_run(cmd, committed, 2)
     done = lake.count("candidates")
     assert 0 < done < prompts * K, "the kill must land mid-run"
     before = dict(lake.query("SELECT candidate_id, segments FROM candidates").iter_rows())
 
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f"({prompts * K - done} sampled now" in res.stdout
+    resume_run(cmd, prompts * K - done)
     counts = lake.query(
         "SELECT count(*) AS n, count(DISTINCT candidate_id) AS ids, "
         "count(segments) AS with_segments FROM candidates"

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import yaml
+from helpers import train_config
 
 from thresher.stores.lake import Lake
 
@@ -18,22 +19,7 @@ STEPS = 240
 @pytest.fixture(scope="module")
 def trained(tiny_model, tmp_path_factory, pairs_jsonl):
     tmp = tmp_path_factory.mktemp("train")
-    data = pairs_jsonl
-    cfg = {
-        "name": "t",
-        "base_model": str(tiny_model),
-        "data": {"path": str(data)},
-        "learning_rate": 3e-3,
-        "max_steps": STEPS,
-        "batch_size": 6,
-        "max_len": 64,
-        "lora": {"r": 16, "alpha": 32},
-        "warmup_ratio": 0.0,
-        "eval_fraction": 0.0,
-        "save_every": 10,
-        "keep_checkpoints": 2,
-        "log_every": 1,
-    }
+    cfg = train_config(tiny_model, pairs_jsonl, STEPS, lora_r=16, save_every=10, keep_checkpoints=2)
     cfg_path = tmp / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     lake = Lake(tmp / "lake")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import yaml
+from helpers import train_config
 
 from thresher.stores.lake import Lake
 
@@ -15,22 +16,8 @@ STEPS = 6
 def test_train_command_runs_two_processes(tiny_model, tmp_path, pairs_jsonl):
     from transformers import AutoModelForCausalLM
 
-    data = pairs_jsonl
-    cfg = {
-        "name": "t",
-        "base_model": str(tiny_model),
-        "data": {"path": str(data)},
-        "learning_rate": 3e-3,
-        "max_steps": STEPS,
-        "batch_size": 6,
-        "max_len": 64,
-        "lora": {"r": 8, "alpha": 16},
-        "warmup_ratio": 0.0,
-        "eval_fraction": 0.0,
-        "save_every": 3,
-        "log_every": 1,
-        "distributed": {"processes": 2, "strategy": "ddp"},  # backend auto: gloo here
-    }
+    ddp = {"processes": 2, "strategy": "ddp"}  # backend auto: gloo here
+    cfg = train_config(tiny_model, pairs_jsonl, STEPS, lora_r=8, save_every=3, distributed=ddp)
     cfg_path = tmp_path / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     lake = Lake(tmp_path / "lake")
