@@ -56,16 +56,13 @@ class Bootstrap:
     tracker, and the base model's forgetting-check results."""
 
     cfg: BootstrapConfig
+    lake: Lake
     lake_root: str
     state: Rounds
     summary: dict[str, Any]
     tracker: Any
     progress: bool = True
     base_checks: list[dict] = field(default_factory=list)
-
-    @property
-    def lake(self) -> Lake:
-        return Lake(self.lake_root)
 
     def model(self, round_: int) -> str:
         """Model r's folder: the base model for round 0, else what round r-1 trained."""
@@ -267,13 +264,14 @@ def bootstrap_flow(
     tolerance = cfg.rollback.tolerance if cfg.rollback.enabled else None
     state = Rounds(cfg.max_rounds, cfg.min_gain, cfg.patience, tolerance)
     run = dict(flow="bootstrap", round_=0, model=cfg.base_model, config=cfg.model_dump())
+    lake = Lake(lake_root)
     try:
         with (
             deployment_cleanup(),
-            tracked_run(Lake(lake_root), bootstrap_run_id(cfg), **run) as summary,
+            tracked_run(lake, bootstrap_run_id(cfg), **run) as summary,
             tracked(cfg.tracking, cfg.name, "bootstrap", lake_root, run["config"]) as tracker,
         ):
-            boot = Bootstrap(cfg, lake_root, state, summary, tracker, progress)
+            boot = Bootstrap(cfg, lake, lake_root, state, summary, tracker, progress)
             for start in START_STEPS:
                 start(boot)
             while (r := state.next_round()) is not None:

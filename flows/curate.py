@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow
 from prefect.utilities.annotations import quote
@@ -41,12 +42,15 @@ from thresher.flows.tasks import (
 )
 from thresher.identities import comparable_settings
 from thresher.plan import Batch, RoundPlan, plan_curate
-from thresher.samplers.stage import retired_prompts, run_stats, sampling_plan
+from thresher.samplers.stage import Sampled, retired_prompts, run_stats, sampling_plan
 from thresher.selection.select import FUNNEL_DROPS
 from thresher.stores.lake import Lake
 from thresher.stores.queries import band_share, count_verdicts, previous_run, run_summary
 from thresher.stores.runs import config_changes, tracked_run
 from thresher.tracking import log_run, numbers
+
+if TYPE_CHECKING:
+    from prefect import Task
 
 
 @dataclass
@@ -56,6 +60,7 @@ class CuratePass:
 
     cfg: CurateConfig
     plan: RoundPlan
+    lake: Lake
     lake_root: str
     summary: dict[str, Any]
     progress: bool = True
@@ -65,22 +70,22 @@ class CuratePass:
     counts: dict[str, int] = field(default_factory=lambda: dict(sampled=0, verified=0, selected=0))
     sampling_s: float = 0.0
 
-    @property
-    def lake(self) -> Lake:
-        return Lake(self.lake_root)
+    @cached_property
+    def sample(self) -> Task[..., Sampled]:
+        """The sampling task, each batch's sampling limited to the config's timeout_s."""
+        return sample_task.with_options(timeout_seconds=self.cfg.timeout_s)
 
 
 @dataclass
 class BatchWork:
-    """One batch of a curate pass: its prompts, each prompt's k, and its candidates so far."""
+    """One batch of a curate pass: its prompts and its candidates so far."""
 
     prompts: list[dict]
     ids: list[str]
-    first: Any = None  # the first chunk's sampling (for the top-up)
 
-    def batch(self, ks: dict[str, int] | None = None) -> Any:
+    def batch(self) -> Any:
         """The batch as the stages take it (quoted: Prefect need not walk its rows)."""
-        return quote(Batch(prompts=self.prompts, candidate_ids=self.ids, ks=ks))
+        return quote(Batch(prompts=self.prompts, candidate_ids=self.ids))
 
 
 def check_gates(run: CuratePass) -> None:
@@ -109,7 +114,10 @@ def top_up_step(run: CuratePass, work: BatchWork) -> None:
     """More samples, a chunk at a time, for prompts whose kept count they could change."""
     if not run.cfg.sampling.chunk:
         return
-    work.ids, more, verified = top_up_in_chunks(run.lake_root, run.cfg, run.plan, work, run.ks)
+    batch = Batch(prompts=work.prompts, candidate_ids=work.ids)
+    work.ids, more, verified = top_up_in_chunks(
+        run.sample, run.lake_root, run.cfg, run.plan, batch, run.ks
+    )
     run.counts["sampled"] += more
     run.counts["verified"] += verified
 
@@ -143,18 +151,17 @@ def curate_batches(run: CuratePass) -> None:
     """Sample the prompts batch by batch, each sampled batch through `BATCH_STEPS`."""
     cfg = run.cfg
     quiet_task_logs()
-    sample = sample_task.with_options(timeout_seconds=cfg.timeout_s)
     chunk = cfg.sampling.chunk
     first = {p: min(k, chunk) for p, k in run.ks.items()} if chunk else run.ks
     batches = [Batch(prompts=b, ks=first) for b in batched(run.todo, cfg.batch_size)]
     bar = tqdm(total=len(run.todo), unit="prompt", desc="curate", disable=not run.progress)
     with bar:
         for i, (batch, sampled) in enumerate(
-            sampled_batches(sample, run.lake_root, run.plan, cfg, batches), 1
+            sampled_batches(run.sample, run.lake_root, run.plan, cfg, batches), 1
         ):
             run.counts["sampled"] += sampled.written
             run.sampling_s += sampled.seconds
-            work = BatchWork(batch.prompts, sampled.ids, sampled)
+            work = BatchWork(batch.prompts, sampled.ids)
             for step in BATCH_STEPS:
                 step(run, work)
             bar.update(len(batch.prompts))
@@ -252,7 +259,7 @@ def curate_flow(config: CurateConfig, lake_root: str, progress: bool = True) -> 
         ) as summary,  # fmt: skip
     ):
         summary["verifier_digests"] = plan.digests  # which verdicts it reads
-        state = CuratePass(config, plan, lake_root, summary, progress)
+        state = CuratePass(config, plan, lake, lake_root, summary, progress)
         for step in CURATE_STEPS:
             step(state)
     return CurateSummary.model_validate(summary)

@@ -153,12 +153,17 @@ def chunk_task(lake_root: str, plan: RoundPlan, section: SelectConfig, batch: Ba
 
 
 def top_up_in_chunks(
-    lake_root: str, cfg: CurateConfig, plan: RoundPlan, work: Any, ks: dict[str, int]
+    sample: Task[..., Sampled],
+    lake_root: str,
+    cfg: CurateConfig,
+    plan: RoundPlan,
+    batch: Batch,
+    ks: dict[str, int],
 ) -> tuple[list[str], int, int]:
-    """After a batch's first chunk (verified): sample `sampling.chunk` more for each prompt
-    whose kept count more samples could still change, verify, and again, up to its k.
-    Returns every candidate id of the batch, the candidates written and the verdicts
-    written."""
+    """After a batch's first chunk (its candidates, verified): sample `sampling.chunk` more
+    for each prompt whose kept count more samples could still change, verify, and again,
+    up to its k. Returns every candidate id of the batch, the candidates written and the
+    verdicts written."""
     chunk = cfg.sampling.chunk or 1
     plan_q, cfg_q, select_q, verify_q = (
         quote(plan),
@@ -166,20 +171,20 @@ def top_up_in_chunks(
         quote(cfg.select),
         quote(cfg.verify),
     )
-    ids, written, verified = list(work.ids), 0, 0
-    have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in work.prompts}
+    ids, written, verified = list(batch.candidate_ids), 0, 0
+    have = {p["prompt_id"]: min(chunk, ks[p["prompt_id"]]) for p in batch.prompts}
     while True:
         done = chunk_task(lake_root, plan_q, select_q, quote(Batch(candidate_ids=ids, ks=ks)))
         more = [
             p
-            for p in work.prompts
+            for p in batch.prompts
             if p["prompt_id"] not in done and have[p["prompt_id"]] < ks[p["prompt_id"]]
         ]
         if not more:
             return ids, written, verified
         for p in more:
             have[p["prompt_id"]] = min(have[p["prompt_id"]] + chunk, ks[p["prompt_id"]])
-        step = sample_task(lake_root, plan_q, cfg_q, quote(Batch(prompts=more, ks=dict(have))))
+        step = sample(lake_root, plan_q, cfg_q, quote(Batch(prompts=more, ks=dict(have))))
         written += step.written
         known = set(ids)
         new = [i for i in step.ids if i not in known]
