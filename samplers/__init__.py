@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from thresher.identities import candidate_ids
+from thresher.ids import canonical_json
 
 __all__ = ["candidate_rows"]
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def candidate_rows(
@@ -49,7 +45,7 @@ def candidate_rows(
                     "text": c.text,
                     "n_tokens": c.n_tokens,
                     "finish_reason": c.finish_reason,
-                    "segments": _dumps(list(c.segments)) if c.segments else None,
+                    "segments": canonical_json(list(c.segments)) if c.segments else None,
                     "hinted": hinted,
                     "batch_id": batch_id,
                     "created_at": stamp,

@@ -16,7 +16,6 @@ the identity of the stages it touches, so only they run again.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,17 +23,10 @@ from pydantic import BaseModel
 
 from thresher.config import CurateConfig, DifficultyConfig
 from thresher.config.base import COUNTED_WITH, EVERY, IDENTITY_SKIP
-from thresher.ids import content_id
+from thresher.ids import canonical_json, content_id
 
 if TYPE_CHECKING:
-    from thresher.config import (
-        BootstrapConfig,
-        CurateConfig,
-        DifficultyConfig,
-        EvalConfig,
-        TrainConfig,
-        VerifyConfig,
-    )
+    from thresher.config import BootstrapConfig, EvalConfig, TrainConfig, VerifyConfig
 
 # the identities fields may be left out of (skipped_by)
 KINDS = ("curate", "selection", "candidate", "verdicts", "eval", "train", "bootstrap")
@@ -150,10 +142,6 @@ def eval_run_id(cfg: EvalConfig, opening: int | None = None) -> str:
     return run_id if opening is None else content_id(run_id, "test-opening", opening)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
 def candidate_id(
     prompt_id: str, model: str, round_: int, sample_idx: int, params: dict[str, Any]
 ) -> str:
@@ -163,11 +151,12 @@ def candidate_id(
 
 def _id_parts(model: str, round_: int, params: dict[str, Any]) -> tuple[str, bytes]:
     """The JSON content_id hashes for a candidate, around its prompt id and index."""
-    return f",{_dumps(model)},{_dumps(round_)},", f",{_dumps(params)}]".encode()
+    middle = f",{canonical_json(model)},{canonical_json(round_)},"
+    return middle, f",{canonical_json(params)}]".encode()
 
 
 def _hashed(prompt_id: str, middle: str, tail: bytes, indices: Iterable[int]) -> list[str]:
-    head = f'["candidate",{_dumps(prompt_id)}{middle}'.encode()
+    head = f'["candidate",{canonical_json(prompt_id)}{middle}'.encode()
     return [
         hashlib.blake2b(head + str(int(i)).encode() + tail, digest_size=8).hexdigest()
         for i in indices

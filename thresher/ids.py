@@ -7,10 +7,14 @@ import json
 from typing import Any
 
 
+def canonical_json(value: Any) -> str:
+    """`value` as the JSON ids are hashed from: sorted keys, no spaces, non-JSON as str."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def content_id(*parts: Any) -> str:
     """A stable 16-hex-digit id from JSON-serialisable parts."""
-    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b(canonical_json(parts).encode(), digest_size=8).hexdigest()
 
 
 def seeded_key(seed: int, item_id: str) -> str:

@@ -120,16 +120,9 @@ def plan_curate(cfg: CurateConfig) -> RoundPlan:
     return RoundPlan(
         run_id=run_id_for(cfg),
         selection_id=selection_id_for(cfg),
-        round=cfg.round,
-        rule=cfg.verify.rule,
-        verifiers=verifier_plans(cfg.verify, verifier_digests(cfg)),
-        tests_suite=tests_suite(cfg.verify),
         max_hinted_share=rationalize.max_share if rationalize.enabled else None,
-        model_id=cfg.model_id,
-        params=sampling_params(cfg),
         k=cfg.sampling.k,
-        executor=cfg.executor,
-        ray=cfg.ray,
+        **_shared(cfg, verifier_digests(cfg)),
     )
 
 
@@ -140,16 +133,24 @@ def plan_eval(cfg: EvalConfig, opening: int | None = None) -> EvalPlan:
         raise ValueError("n > 1 samples need a temperature above 0")
     return EvalPlan(
         run_id=eval_run_id(cfg, opening),
+        k=cfg.n,
+        ks=tuple(cfg.ks),
+        **_shared(cfg, digests_of(cfg.verify, cfg.n)),
+    )
+
+
+def _shared(cfg: CurateConfig | EvalConfig, digests: dict[str, str]) -> dict[str, Any]:
+    """What a curate run's plan and an evaluation's take alike from their configs."""
+    verifiers = verifier_plans(cfg.verify, digests)
+    return dict(
         round=cfg.round,
         rule=cfg.verify.rule,
-        verifiers=verifier_plans(cfg.verify, digests_of(cfg.verify, cfg.n)),
-        tests_suite=tests_suite(cfg.verify),
+        verifiers=verifiers,
+        tests_suite=tests_suite(verifiers),
         model_id=cfg.model_id,
         params=sampling_params(cfg),
-        k=cfg.n,
         executor=cfg.executor,
         ray=cfg.ray,
-        ks=tuple(cfg.ks),
     )
 
 
@@ -176,14 +177,8 @@ def verifier_plans(verify: VerifyConfig, digests: dict[str, str]) -> tuple[Verif
     return tuple(specs)
 
 
-def tests_suite(verify: VerifyConfig) -> str:
-    """The tests the verifiers of `verify` judge code by: the suite the first one that runs
-    tests names (`Verifier.tests_suite`), else the original tests."""
-    from thresher.verifiers import verifier_class  # local: layering (see test_layers.py)
-
-    for name in verify.all_names():
-        cls = verifier_class(name)
-        suite = cls.tests_suite(cls.Options.model_validate(verify.options.get(name) or {}))
-        if suite is not None:
-            return suite
-    return "original"
+def tests_suite(verifiers: tuple[VerifierPlan, ...]) -> str:
+    """The tests these verifiers judge code by: the suite the first one that runs tests
+    names (`Verifier.tests_suite`), else the original tests."""
+    suites = (v.verifier.tests_suite(v.options) for v in verifiers)
+    return next((s for s in suites if s is not None), "original")

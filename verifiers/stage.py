@@ -52,7 +52,6 @@ def verify_batch(
 
     run_verifier = runner_for(plan)  # where it runs: chosen once, from the plan
     written = 0
-    settings = section
     for spec in plan.verifiers:
         name, options = spec.name, spec.given
         # a verifier that judges a prompt's candidates together sees all of the batch's
@@ -60,7 +59,7 @@ def verify_batch(
         groups = spec.groups
         find = prompts_to_verify if groups else candidates_to_verify
         todo = find(lake, candidate_ids, name, spec.digest)
-        tasks = [t for t in todo["task"].unique().to_list() if name in settings.for_task(t)]
+        tasks = [t for t in todo["task"].unique().to_list() if name in section.for_task(t)]
         todo = todo.filter(pl.col("task").is_in(tasks))
         if todo.height == 0:
             continue

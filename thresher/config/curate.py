@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, model_validator
 
 from thresher.config.base import _Strict, never
-from thresher.config.engine import EngineStage, PromptsConfig, ServerConfig
+from thresher.config.engine import EngineStage, PromptsConfig, ServerConfig, model_id
 from thresher.config.select import SelectConfig
 from thresher.config.verify import VerifyConfig
 
@@ -162,4 +162,4 @@ class CurateConfig(GatedStage, CurateSections):
     @property
     def model_id(self) -> str:
         """What the `model` column records: the model, plus the adapter when there is one."""
-        return f"{self.model}+lora:{self.lora}" if self.lora else self.model
+        return model_id(self.model, self.lora)

@@ -9,6 +9,12 @@ from pydantic import Field, model_validator
 from thresher.config.base import StageConfig, _Strict, never, skipped_by
 
 
+def model_id(model: str, lora: str | None) -> str:
+    """What a candidate's `model` column records: the model, plus the adapter when there is
+    one (a curate run and an evaluation of the same model share their candidates)."""
+    return f"{model}+lora:{lora}" if lora else model
+
+
 class PromptsConfig(_Strict):
     """Which prompts to curate."""
 

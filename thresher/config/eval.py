@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from thresher.config.base import _Strict, never
 from thresher.config.curate import SEALED
-from thresher.config.engine import EngineStage, PromptsConfig
+from thresher.config.engine import EngineStage, PromptsConfig, model_id
 from thresher.config.verify import VerifyConfig
 
 
@@ -58,7 +58,7 @@ class EvalConfig(EngineStage, HeldOut):
     @property
     def model_id(self) -> str:
         """What the `model` column records: the model, plus the adapter when there is one."""
-        return f"{self.model}+lora:{self.lora}" if self.lora else self.model
+        return model_id(self.model, self.lora)
 
     @property
     def placement(self) -> Literal["local", "ray"]:
