@@ -11,7 +11,7 @@ import pytest
 from thresher.trainers import gguf as tg
 
 
-def write_gguf(model_dir, path, chat_template: str | None) -> None:
+def write_gguf(model_dir, path, chat_template: str | None, add_bos: bool | None = None) -> None:
     """Write an HF Llama folder as an F32 GGUF file, the way llama.cpp's converter lays it out."""
     gguf = pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,6 +43,8 @@ def write_gguf(model_dir, path, chat_template: str | None) -> None:
     w.add_unk_token_id(tok.unk_token_id)
     if chat_template:
         w.add_chat_template(chat_template)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
@@ -91,6 +93,25 @@ def test_gguf_round_trip_gives_the_same_model(tmp_path):
         tg.convert_gguf(path, out)
     again = tg.convert_gguf(path, out, dtype="bfloat16", overwrite=True)
     assert json.loads((again / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_a_gguf_that_asks_for_bos_gets_it_before_every_text(tmp_path):
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    from thresher.trainers.tiny import make_tiny_model
+
+    src = make_tiny_model(tmp_path / "src", train_steps=0)
+    text = "What is 7 * 8?"
+    starts = {}
+    for asks in (False, True):
+        path = tmp_path / f"bos-{asks}.gguf"
+        write_gguf(src, path, None, add_bos=asks)
+        out = tg.convert_gguf(path, tmp_path / f"converted-{asks}", dtype="float32")
+        tok = AutoTokenizer.from_pretrained(out)  # as vLLM and the trainer load it
+        starts[asks] = tok(text)["input_ids"][0] == tok.bos_token_id
+        assert json.loads((out / tg.SOURCE_FILE).read_text())["bos_added"] == asks
+    assert starts == {False: False, True: True}
 
 
 def test_smollm2_path_and_missing_gguf_errors_are_clear(tmp_path, monkeypatch):

