@@ -2,7 +2,7 @@
 paired over prompts, with its 95 % interval (the runs may live in different lakes).
 
     python -m thresher.evaluators.compare LAKE_A NAME_A LAKE_B NAME_B [--round-a R] [--round-b R]
-        [--lenient]
+        [--lenient] [--non-modal]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 import polars as pl
 
-from thresher.evaluators.report import Z95, eval_prompt_rates
+from thresher.evaluators.report import Z95, eval_prompt_rates, modal_flags
 from thresher.stores.lake import Lake
 
 
@@ -47,6 +47,12 @@ def paired_difference(
     )
 
 
+def non_modal_prompts(rates: pl.DataFrame) -> list[str]:
+    """The prompts of an `eval_prompt_rates` frame whose reference is not their task's
+    commonest answer."""
+    return modal_flags(rates).filter(~pl.col("modal"))["prompt_id"].unique().to_list()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("lake_a")
@@ -60,9 +66,17 @@ def main() -> None:
         action="store_true",
         help="judge without the asked format where the evaluations judged it (answer_format)",
     )
+    parser.add_argument(
+        "--non-modal",
+        action="store_true",
+        help="only the prompts whose reference is not their task's commonest answer (a gain "
+        "there is a skill, not an answer prior)",
+    )
     args = parser.parse_args()
     a = eval_prompt_rates(Lake(args.lake_a, create=False), args.name_a, args.lenient)
     b = eval_prompt_rates(Lake(args.lake_b, create=False), args.name_b, args.lenient)
+    if args.non_modal:
+        a = a.filter(pl.col("prompt_id").is_in(non_modal_prompts(a)))
     if a.is_empty() or b.is_empty():
         raise SystemExit("both runs need held-out evaluations (thresher report shows them)")
     table = paired_difference(a, b, args.round_a, args.round_b)

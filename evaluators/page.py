@@ -15,17 +15,20 @@ from thresher.evaluators.audit import quality_shown, verifier_disagreement, veri
 from thresher.evaluators.pseudo_labels import majority_accuracy
 from thresher.evaluators.report import (
     best_and_rollbacks,
+    classes_by_round,
     difficulty_by_round,
     eval_by_round,
     forgetting_by_round,
     funnel_by_round,
     gain_by_task,
+    held_out_levels,
     monitors_by_round,
     pass_rates_by_round,
     pipeline_names,
     prior_by_task,
     round_table,
     signal_by_round,
+    sources_by_round,
     spend_by_round,
     task_answers_by_round,
     task_frontier_by_round,
@@ -526,6 +529,7 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
         "carry no training signal and are kept out of training; in_band is the share "
         "between. level is the curriculum level the round's prompts were generated at.</p>",
     ]
+    held_out = held_out_levels(lake, name) if name is not None else {}
     if not table["level"].is_null().all():
         fig = _figure()
         ax = fig.add_subplot()
@@ -535,10 +539,12 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
             # tasks at one level would hide each other: each line sits a little apart
             shift = 0.06 * (i - (len(tasks) - 1) / 2)
             levels = [None if v is None else v + shift for v in rows["level"].to_list()]
-            ax.step(rows["round"].to_list(), levels, where="mid", marker="o", label=task)
+            line = ax.step(rows["round"].to_list(), levels, where="mid", marker="o", label=task)
+            if task in held_out:
+                ax.axhline(held_out[task] + shift, color=line[0].get_color(), linestyle=":")
         ax.yaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("curriculum level")
-        ax.set_title("Each task's level per round")
+        ax.set_title("Each task's level per round (dotted: its held-out set's level)")
         parts.append(_rounds_picture(fig, ax, table, out / "levels.png", "Curriculum levels"))
     parts.append(_html_table(table))
     spend = spend_by_round(lake, name) if name is not None else pl.DataFrame()
@@ -550,6 +556,23 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
             _html_table(spend),
         ]
     return parts
+
+
+def _sources_parts(lake: Lake, name: str | None) -> list[str]:
+    """Per round: kept examples and tokens per source, and the prompts by class (shown when
+    a teacher or a hint took part)."""
+    sources = sources_by_round(lake, name)
+    if sources.is_empty() or sources["source"].n_unique() < 2:
+        return []
+    return [
+        "<h3>Sources</h3>",
+        "<p>Per round and source (the student's own samples, hints, each teacher): "
+        "candidates, those passing, kept, and the tokens sampled and kept.</p>",
+        _html_table(sources),
+        "<p>Prompts by class: solved (the student's own samples pass), teachable (a "
+        "teacher's do, the student's do not), out of reach (nobody's do).</p>",
+        _html_table(classes_by_round(lake, name)),
+    ]
 
 
 def _rounds_picture(fig, ax, table: pl.DataFrame, path: Path, alt: str) -> str:
@@ -757,6 +780,7 @@ def _page(
         *best_lines,
         *_task_section(lake, name, out),
         *_frontier_section(lake, name, out),
+        *_sources_parts(lake, name),
         *_answers_section(lake, name, out),
         *_tools_section(evals, out),
         *_mix_section(lake, name),

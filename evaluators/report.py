@@ -11,6 +11,8 @@ current selections count.
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 
 from thresher.answers import answer_key
@@ -26,6 +28,7 @@ from thresher.stores.lake import (
     Lake,
 )
 from thresher.stores.queries import existing_candidates, load_prompts
+from thresher.stores.schemas import PASSED_SQL, SOURCE_SQL
 
 # The funnel and difficulty columns the round table shows beside pass@k.
 ROUND_TABLE_COUNTS = (
@@ -169,7 +172,8 @@ def task_frontier_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
     cte, params = _prompt_difficulty(name)
     return lake.query(
         f"""{cte}
-        SELECT d.round, p.task, max(json_extract(p.meta, '$.level')::INT) AS level,
+        SELECT d.round, p.task, max(json_extract(p.meta, '$.level')::INT) FILTER (
+                   WHERE NOT coalesce(json_extract(p.meta, '$.probe')::BOOLEAN, false)) AS level,
                count(*) AS prompts,
                count(*) FILTER (WHERE d.kind = 'all_pass') AS always,
                count(*) FILTER (WHERE d.kind = 'all_fail') AS never,
@@ -177,6 +181,53 @@ def task_frontier_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
                round(sum(d.passed) / sum(d.candidates), 4) AS pass_rate
         FROM difficulty d JOIN prompts p USING (prompt_id)
         GROUP BY ALL ORDER BY d.round, p.task""",
+        params,
+    )
+
+
+def held_out_levels(lake: Lake, name: str) -> dict[str, int]:
+    """task -> the curriculum level its held-out prompts were generated at, as pipeline
+    `name`'s latest bootstrap recorded it (empty without an environment)."""
+    rows = lake.query(
+        """SELECT summary FROM runs WHERE flow = 'bootstrap'
+           AND json_extract_string(config, '$.name') = ? AND summary IS NOT NULL
+           ORDER BY updated_at DESC LIMIT 1""",
+        [name],
+    )
+    if rows.is_empty():
+        return {}
+    rounds = json.loads(rows["summary"][0]).get("rounds") or []
+    return next((r["held_out_levels"] for r in reversed(rounds) if r.get("held_out_levels")), {})
+
+
+def classes_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round: its prompts by class (view `prompt_classes`: solved by the
+    student, teachable by a teacher, out of reach) and the out-of-reach share."""
+    where, params = ("WHERE pipeline = ?", [name]) if name is not None else ("", [])
+    return lake.query(
+        f"""SELECT round, count(*) AS prompts,
+                   count(*) FILTER (WHERE class = 'solved') AS solved,
+                   count(*) FILTER (WHERE class = 'teachable') AS teachable,
+                   count(*) FILTER (WHERE class = 'out_of_reach') AS out_of_reach,
+                   round(avg((class = 'out_of_reach')::INT), 4) AS out_of_reach_share
+            FROM prompt_classes {where} GROUP BY round ORDER BY round""",
+        params,
+    )
+
+
+def sources_by_round(lake: Lake, name: str | None = None) -> pl.DataFrame:
+    """Per curated round and source (student, hints, each teacher): candidates, passing,
+    kept, and the tokens sampled and kept."""
+    cte, params = _selections(name)
+    return lake.query(
+        f"""WITH {cte}
+        SELECT s.round, {SOURCE_SQL} AS source, count(*) AS candidates,
+               count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               count(*) FILTER (WHERE s.kept) AS kept,
+               coalesce(sum(c.n_tokens), 0)::BIGINT AS tokens,
+               coalesce(sum(c.n_tokens) FILTER (WHERE s.kept), 0)::BIGINT AS kept_tokens
+        FROM sel s JOIN candidates c USING (candidate_id)
+        GROUP BY ALL ORDER BY s.round, source""",
         params,
     )
 

@@ -38,8 +38,8 @@ from thresher.flows.rounds import Rounds
 from thresher.flows.runtime import deployment_cleanup, resolved, run_in_process, stop_engine
 from thresher.flows.summaries import BootstrapSummary, CurateSummary, EvalSummary, TrainSummary
 from thresher.flows.train import train_flow
-from thresher.identities import bootstrap_run_id
-from thresher.ingest.envs import generate_round
+from thresher.identities import bootstrap_run_id, digests_of
+from thresher.ingest.envs import generate_round, held_out_levels
 from thresher.stores.lake import Lake
 from thresher.stores.models import model_path, set_best_pointer
 from thresher.stores.runs import tracked_run
@@ -140,13 +140,25 @@ def prepare_round(boot: Bootstrap, rnd: Round) -> None:
                 "kept and restated in it"
             )
     if cfg.environment is not None:
-        levels = generate_round(boot.lake, cfg.environment, cfg.prompts.dataset, cfg.name, r)
+        env, dataset = cfg.environment, cfg.prompts.dataset
+        levels = generate_round(boot.lake, env, dataset, cfg.name, r, correctness_judges(cfg))
+        held_out = held_out_levels(boot.lake, env, cfg.eval.prompts.dataset)
         for task, plan in levels.items():
+            at = f", held-out level {held_out[task]}" if task in held_out else ""
             _say(
-                f"round {r}: {task} level {plan['level']} (0-{plan['levels'] - 1}) "
+                f"round {r}: {task} level {plan['level']} (0-{plan['levels'] - 1}{at}) "
                 f"({plan['why']}), {plan['generated']} prompts"
             )
         rnd.notes["levels"] = {t: p["level"] for t, p in levels.items()}
+        rnd.notes["held_out_levels"] = held_out
+
+
+def correctness_judges(cfg: BootstrapConfig) -> dict[str, str]:
+    """verifier -> options digest of the verdicts that say a round's answer is right: its
+    verifiers but the asked format's (what the curriculum moves on)."""
+    formats = cfg.verify.in_role("asked_format")
+    digests = digests_of(cfg.verify, cfg.sampling.k, cfg.difficulty)
+    return {n: d for n, d in digests.items() if n not in formats} or digests
 
 
 def curate(boot: Bootstrap, rnd: Round) -> None:

@@ -37,6 +37,7 @@ from thresher.flows.tasks import (
     sample_task,
     sampled_batches,
     select_task,
+    teach_task,
     top_up_in_chunks,
     verify_task,
 )
@@ -45,7 +46,13 @@ from thresher.plan import Batch, RoundPlan, plan_curate
 from thresher.samplers.stage import Sampled, retired_prompts, run_stats, sampling_plan
 from thresher.selection.select import FUNNEL_DROPS
 from thresher.stores.lake import Lake
-from thresher.stores.queries import band_share, count_verdicts, previous_run, run_summary
+from thresher.stores.queries import (
+    band_share,
+    count_verdicts,
+    previous_run,
+    run_summary,
+    source_counts,
+)
 from thresher.stores.runs import config_changes, tracked_run
 from thresher.tracking import log_run, numbers
 
@@ -122,13 +129,24 @@ def top_up_step(run: CuratePass, work: BatchWork) -> None:
     run.counts["verified"] += verified
 
 
+def teach_step(run: CuratePass, work: BatchWork) -> None:
+    """Sample the prompts the student left unsolved with each teacher, and verify those."""
+    if run.cfg.teachers:
+        sample_more(run, work, teach_task)
+
+
 def rationalize_step(run: CuratePass, work: BatchWork) -> None:
-    """Sample unsolved prompts again with the reference as a hint, and verify those."""
-    if not run.cfg.rationalize.enabled:
-        return
-    hinted = rationalize_task(run.lake_root, quote(run.plan), quote(run.cfg), work.batch())
-    run.counts["sampled"] += hinted.written
-    work.ids = work.ids + hinted.ids
+    """Sample unsolved prompts again with a hint (the reference answer, part of a verified
+    solution), and verify those."""
+    if run.cfg.rationalize.enabled or run.cfg.hints.enabled:
+        sample_more(run, work, rationalize_task)
+
+
+def sample_more(run: CuratePass, work: BatchWork, task: Task[..., Sampled]) -> None:
+    """More candidates for the batch from a sampling `task`, added to it and verified."""
+    more = task(run.lake_root, quote(run.plan), quote(run.cfg), work.batch())
+    run.counts["sampled"] += more.written
+    work.ids = work.ids + more.ids
     verify_step(run, work)
 
 
@@ -142,6 +160,7 @@ def select_step(run: CuratePass, work: BatchWork) -> None:
 BATCH_STEPS: tuple[Callable[[CuratePass, BatchWork], None], ...] = (
     verify_step,
     top_up_step,
+    teach_step,
     rationalize_step,
     select_step,
 )
@@ -187,6 +206,7 @@ def summarise(run: CuratePass) -> None:
         retired=sum(p in run.retired for p in ks),
         band=band_share(lake, plan.selection_id, band.min_pass_rate, band.max_pass_rate),
         changes=changes_since_last_run(lake, cfg, plan.run_id),
+        sources=source_counts(lake, plan.selection_id),
     )
     if band.hard_k:
         run.summary["hard_prompts"] = sum(k == band.hard_k for k in ks.values())
@@ -211,10 +231,14 @@ def publish_funnel(run: CuratePass) -> None:
     cfg, summary = run.cfg, run.summary
     keys = ("prompts", "candidates", "sampled_now", "skipped_solved", "retired", "passed")
     keys += (*FUNNEL_DROPS, "kept")  # each selection rule's drops, in the rules' order
+    row = {k: summary.get(k) for k in keys if summary.get(k) is not None}
+    sources = summary.get("sources") or {}
+    if len(sources) > 1:
+        row |= {f"kept {s}": c["kept"] for s, c in sources.items()}
     publish(
         f"curate-{cfg.name}-round-{cfg.round}",
         f"curate {cfg.name}, round {cfg.round}, model {cfg.model_id}",
-        [{k: summary.get(k) for k in keys if summary.get(k) is not None}],
+        [row],
     )
 
 
@@ -224,6 +248,8 @@ def track(run: CuratePass) -> None:
     if cfg.tracking is None:
         return
     figures = numbers(run.summary) | numbers(run.summary.get("monitors") or {}, "monitor/")
+    for source, counts in (run.summary.get("sources") or {}).items():
+        figures |= numbers(counts, f"source/{source}/")
     log_run(cfg.tracking, cfg.name, "curate", run.lake_root, cfg.model_dump(mode="json"),
             [(cfg.round, figures)])  # fmt: skip
 

@@ -27,6 +27,7 @@ class CurateSummary(_Summary):
     monitors: dict[str, Any] | None = None
     tokens: int | None = None  # sampled for the selection's prompts
     tokens_per_kept: float | None = None
+    sources: dict[str, dict[str, int]] | None = None  # source -> candidates, kept, tokens
 
     def line(self, round_: int) -> str:
         """e.g. 'round 0: 1000 prompts sampled (0 skipped as solved), 8000 candidates, ...'."""
@@ -36,12 +37,20 @@ class CurateSummary(_Summary):
             f"as solved{retired}), {self.candidates} candidates, {self.passed} passed, "
             f"kept {self.kept}"
             + (f" ({self.tokens_per_kept:g} tokens per kept)" if self.tokens_per_kept else "")
+            + self.by_source()
         )
+
+    def by_source(self) -> str:
+        """e.g. '; kept by source: student 40, teacher:big 12' (nothing with one source)."""
+        sources = self.sources or {}
+        if len(sources) < 2:
+            return ""
+        return "; kept by source: " + ", ".join(f"{s} {c['kept']}" for s, c in sources.items())
 
     def brief(self) -> dict[str, Any]:
         """What a bootstrap records of the round's curation."""
         keys = ("run_id", "candidates", "passed", "kept", "sampled_now", "skipped_solved")
-        keys += ("retired", "band", "tokens", "tokens_per_kept")
+        keys += ("retired", "band", "tokens", "tokens_per_kept", "sources")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -71,8 +71,14 @@ def sample_task(lake_root: str, plan: StagePlan, section: EngineSection, batch: 
 def rationalize_task(
     lake_root: str, plan: RoundPlan, section: CurateConfig, batch: Batch
 ) -> Sampled:
-    """Sample the batch's unsolved prompts again with the reference answer as a hint."""
+    """Sample the batch's unsolved prompts again with a hint (the answer, part of a solution)."""
     return sampling.rationalize(Lake(lake_root), plan, section, batch, hold_for_engine)
+
+
+@task(name="teach", cache_policy=NO_CACHE, **RETRY)
+def teach_task(lake_root: str, plan: RoundPlan, section: CurateConfig, batch: Batch) -> Sampled:
+    """Sample the prompts the student cannot solve yet with each teacher."""
+    return sampling.teach(Lake(lake_root), plan, section, batch, hold_for_engine)
 
 
 @task(name="verify", cache_policy=NO_CACHE, **RETRY)

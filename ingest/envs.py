@@ -13,13 +13,19 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from thresher.config.env import SEED_STRIDE, EnvironmentConfig, round_dataset
+from thresher.config.env import SEED_STRIDE, CurriculumConfig, EnvironmentConfig, round_dataset
 from thresher.ids import content_id
 from thresher.ingest.load import IngestError, IngestReport, RawRow, ingest_rows
 from thresher.stores.lake import Lake
-from thresher.stores.queries import env_levels, held_out_questions, task_pass_rates
+from thresher.stores.queries import (
+    env_levels,
+    eval_task_configs,
+    held_out_questions,
+    task_level_rates,
+)
 
 ENVIRONMENTS = ("reasoning-gym",)
+PROBE_SEED = 50_021  # a round's probe prompts come from seeds after its own seed + this
 INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
 MISSING = (
     "reasoning-gym is not installed: pip install 'thresher[envs]' "
@@ -203,73 +209,115 @@ def ingest_env(
 
 
 def round_levels(
-    lake: Lake, env: EnvironmentConfig, dataset: str, pipeline: str, round_: int
+    lake: Lake,
+    env: EnvironmentConfig,
+    dataset: str,
+    round_: int,
+    rates: dict[tuple[str, int | None], tuple[int, int]],
 ) -> dict[str, dict[str, Any]]:
     """Each task's level for round `round_`, and why: its start in round 0 (or without a
-    curriculum); else the last round's level, one harder when its pass rate was above the
-    band, one easier below it (a task already at its hardest or easiest level says so)."""
+    curriculum); else the last round's level, one easier when the student's own answers
+    there were right (`rates`: (task, level) -> (right, sampled)) less often than the band,
+    one harder above it or (with a probe) when it solved the probe of the next level at
+    the band's low rate."""
     plans: dict[str, dict[str, Any]] = {}
     before = env_levels(lake, round_dataset(dataset, round_ - 1)) if round_ > 0 else {}
-    rates = task_pass_rates(lake, pipeline, round_ - 1) if round_ > 0 and env.curriculum else {}
+    curriculum = env.curriculum
     for task, spec in env.tasks.items():
-        level, why = before.get(task, spec.start), "start"
-        top = len(spec.levels) - 1
-        if env.curriculum and task in rates and rates[task][1]:
-            passed, n = rates[task]
-            rate = passed / n
-            band = env.curriculum
-            said = f"pass rate {rate:.3f} in round {round_ - 1}"
-            if rate > band.high:
-                level, why = min(level + 1, top), f"{said} > {band.high:g}: harder"
-                if level == before.get(task, spec.start):
-                    why = f"{said} > {band.high:g}, but it is at its hardest level: out of levels"
-            elif rate < band.low:
-                level, why = max(level - 1, 0), f"{said} < {band.low:g}: easier"
-                if level == before.get(task, spec.start):
-                    why = f"{said} < {band.low:g}, but it is at its easiest level"
-            else:
-                why = f"{said} in the band [{band.low:g}, {band.high:g}]: same level"
+        was = before.get(task, spec.start)
+        level, why = was, "start"
+        passed, n = rates.get((task, was), (0, 0))
+        if curriculum and n:
+            level, why = _next_level(was, passed / n, rates.get((task, was + 1)), curriculum)
+            why = f"right {passed / n:.3f} in round {round_ - 1} " + why
+            if not 0 <= level < len(spec.levels):
+                edge = "hardest level: out of levels" if level > was else "easiest level"
+                level, why = was, f"{why}, but it is at its {edge}"
         elif round_ > 0:
-            why = "no curriculum" if not env.curriculum else "not sampled last round"
-        plans[task] = {"level": level, "levels": top + 1, "why": why}
+            why = "no curriculum" if not curriculum else "not sampled last round"
+        plans[task] = {"level": level, "levels": len(spec.levels), "why": why}
     return plans
 
 
+def _next_level(
+    level: int, rate: float, probe: tuple[int, int] | None, band: CurriculumConfig
+) -> tuple[int, str]:
+    """The level after one at `level` whose answers were right at `rate` (and the next
+    level's probe (passed, n)), and why."""
+    if rate < band.low:
+        return level - 1, f"< {band.low:g}: easier"
+    if rate > band.high:
+        return level + 1, f"> {band.high:g}: harder"
+    if probe and probe[1] and probe[0] / probe[1] >= band.low:
+        ready = probe[0] / probe[1]
+        return level + 1, f"in the band, probe of level {level + 1} right {ready:.3f}: harder"
+    return level, f"in the band [{band.low:g}, {band.high:g}]: same level"
+
+
+def held_out_levels(lake: Lake, env: EnvironmentConfig, dataset: str) -> dict[str, int]:
+    """task -> the curriculum level whose settings the held-out `dataset` was generated at
+    (tasks at none of the levels left out)."""
+    found = {}
+    for task, config in eval_task_configs(lake, dataset).items():
+        spec = env.tasks.get(task)
+        for i, level in enumerate(spec.levels if spec else []):
+            if all(config.get(k) == v for k, v in level.items()):
+                found[task] = i
+                break
+    return found
+
+
 def generate_round(
-    lake: Lake, env: EnvironmentConfig, dataset: str, pipeline: str, round_: int
+    lake: Lake,
+    env: EnvironmentConfig,
+    dataset: str,
+    pipeline: str,
+    round_: int,
+    judges: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Generate and ingest round `round_`'s training prompts into its own dataset: per
     task `per_round` distinct entries at the task's level, from the round's own seeds,
     none equal to an eval or test prompt; returns per task its level, why, and counts.
-    Generating a round again ingests nothing new."""
-    plans = round_levels(lake, env, dataset, pipeline, round_)
+    A level moves on how often the student's own answers of pipeline `pipeline`'s last
+    round were right: what the `judges` (verifier -> options digest) say, without them
+    the round's rule. Generating a round again ingests nothing new."""
+    moving = env.curriculum is not None and round_ > 0
+    rates = task_level_rates(lake, pipeline, round_ - 1, judges) if moving else {}
+    plans = round_levels(lake, env, dataset, round_, rates)
     held_out = held_out_questions(lake)
     seed = env.seed + round_ * SEED_STRIDE
     instruction = env.instruction if env.instruction is not None else INSTRUCTION
     records: list[dict] = []
+    probe = env.curriculum.probe if env.curriculum else 0
     for task, plan in plans.items():
-        config = env.tasks[task].levels[plan["level"]]
-        spec = EnvSpec(
-            tasks={task: TaskSpec(config=config)},
-            size=env.per_round * 2,  # room for repeats and held-out questions
-            seed=seed,
-            instruction=instruction,
-        )
+        levels = env.tasks[task].levels
         seen: set[str] = set()
         clashes = 0
-        for record in generate(spec):
-            key = " ".join(record["prompt"].split()).lower()
-            question = " ".join(str(record["meta"]["entry"]["question"]).split()).lower()
-            if key in held_out or question in held_out:
-                clashes += 1
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            record["meta"] |= {"level": plan["level"], "round": round_}
-            records.append(record)
-            if len(seen) == env.per_round:
-                break
+        wanted = [(plan["level"], env.per_round, seed, {})]
+        if probe and plan["level"] + 1 < len(levels):
+            wanted.append((plan["level"] + 1, probe, seed + PROBE_SEED, {"probe": True}))
+        for level, size, at, mark in wanted:
+            spec = EnvSpec(
+                tasks={task: TaskSpec(config=levels[level])},
+                size=size * 2,  # room for repeats and held-out questions
+                seed=at,
+                instruction=instruction,
+            )
+            made = 0
+            for record in generate(spec):
+                key = " ".join(record["prompt"].split()).lower()
+                question = " ".join(str(record["meta"]["entry"]["question"]).split()).lower()
+                if key in held_out or question in held_out:
+                    clashes += 1
+                    continue
+                if key in seen:
+                    continue
+                seen.add(key)
+                record["meta"] |= {"level": level, "round": round_, **mark}
+                records.append(record)
+                made += 1
+                if made == size:
+                    break
         plan |= {"generated": len(seen), "held_out_clashes": clashes, "seed": seed}
     rows = (
         RawRow(line=i, raw=json.dumps(r, ensure_ascii=False, default=str), record=r)

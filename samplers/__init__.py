@@ -22,12 +22,15 @@ def candidate_rows(
     batch_id: str,
     params: dict[str, Any],
     hinted: bool = False,
+    source: str = "student",
+    hints: Sequence[str | None] | None = None,
     indices: Sequence[Sequence[int]] | None = None,
     ids: Sequence[Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the `candidates` table for each prompt's completions; the i-th completion of
     a prompt gets sample index `indices[p][i]` (default: 0, 1, 2, ...) and, when the caller
-    has them already, id `ids[p][i]` (else computed here)."""
+    has them already, id `ids[p][i]` (else computed here); `source` says who made them (the
+    student, a hint, a teacher) and `hints[p]` is the hint prompt p was given."""
     stamp = datetime.now(UTC)
     rows = []
     for p, (prompt_id, outs) in enumerate(zip(prompt_ids, completions, strict=True)):
@@ -49,6 +52,8 @@ def candidate_rows(
                     "hinted": hinted,
                     "batch_id": batch_id,
                     "created_at": stamp,
+                    "source": source,
+                    "hint": hints[p] if hints is not None else None,
                 }
             )
     return rows

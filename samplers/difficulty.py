@@ -29,15 +29,15 @@ def plan_k(
 
 
 def hinted_prompt(
-    template: str, prompt: str | None, messages: list[dict] | None, answer: str
+    template: str, prompt: str | None, messages: list[dict] | None, **hint: str
 ) -> tuple[str | None, list[dict] | None]:
-    """(prompt, messages) with the reference answer given as a hint, per `template`.
+    """(prompt, messages) with a hint (`answer=...`, `hint=...`) filled into `template`.
 
     For chat prompts the hint goes into the last user message.
     """
     if messages:
         messages = [dict(m) for m in messages]
         last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-        messages[last]["content"] = template.format(prompt=messages[last]["content"], answer=answer)
+        messages[last]["content"] = template.format(prompt=messages[last]["content"], **hint)
         return None, messages
-    return template.format(prompt=prompt or "", answer=answer), None
+    return template.format(prompt=prompt or "", **hint), None

@@ -11,15 +11,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from thresher.config import CurateConfig, EvalConfig
+from thresher.config import CurateConfig, EvalConfig, TeacherConfig
+from thresher.hints import solution_hint
 from thresher.identities import expected_ids
-from thresher.plan import Batch, StagePlan
+from thresher.ids import content_id
+from thresher.plan import Batch, RoundPlan, StagePlan, plan_teacher, teacher_source
 from thresher.samplers import candidate_rows
 from thresher.samplers.difficulty import hinted_prompt, plan_k
 from thresher.samplers.engines import sampler_for
 from thresher.stores.lake import Lake
-from thresher.stores.queries import existing_candidates, last_pass_rates, unsolved_prompts
+from thresher.stores.queries import (
+    existing_candidates,
+    last_pass_rates,
+    passing_solutions,
+    sampled_by,
+    student_pass_rates,
+    unsolved_prompts,
+)
 from thresher.stores.queries import retired_prompts as streaks
+from thresher.stores.schemas import ANSWER_HINT, SOLUTION_HINT, STUDENT
 from thresher.stores.tables import write_candidates
 
 # what a sampling stage reads: a config that names a model, how to sample and where
@@ -84,7 +94,7 @@ def run(
     ks = batch.ks or {p["prompt_id"]: plan.k for p in batch.prompts}
     rows = batch.prompts
     return _sample_missing(lake, plan, section, rows, ks, plan.params, plan.batch_id(batch),
-                           False, before_engine)  # fmt: skip
+                           STUDENT, before_engine)  # fmt: skip
 
 
 def rationalize(
@@ -94,24 +104,108 @@ def rationalize(
     batch: Batch,
     before_engine: Callable[[], None] | None = None,
 ) -> Sampled:
-    """Sample the batch's unsolved prompts (no passing candidate among its candidates
-    under the plan's rule and verdicts) again with the reference answer as a hint."""
+    """Sample the batch's unsolved prompts (no passing candidate of the student's own under
+    the plan's rule and verdicts) again with a hint: the reference answer (`rationalize`),
+    and the first part of a verified solution (`hints`)."""
+    unsolved = set(unsolved_prompts(lake, batch.candidate_ids, plan.rule, plan.digests))
+    done = Sampled()
+    for enabled, sample in (
+        (section.rationalize.enabled, _answer_hints),
+        (section.hints.enabled, _solution_hints),
+    ):
+        if enabled:
+            more = sample(lake, plan, section, batch, unsolved, before_engine)
+            done = Sampled(done.ids + more.ids, done.written + more.written,
+                           done.seconds + more.seconds)  # fmt: skip
+    return done
+
+
+def _answer_hints(lake, plan, section, batch, unsolved, before_engine) -> Sampled:
+    """The unsolved prompts that have a reference, with it as the hint."""
     hints = section.rationalize
-    ids = batch.candidate_ids
-    unsolved = set(unsolved_prompts(lake, ids, plan.rule, plan.digests))
     todo = []
     for p in batch.prompts:
         if p["prompt_id"] in unsolved and p.get("answer") is not None:
-            messages = json.loads(p["messages"]) if p["messages"] else None
-            prompt, msgs = hinted_prompt(hints.hint, p["prompt"], messages, p["answer"])
-            todo.append({**p, "prompt": prompt, "messages": json.dumps(msgs) if msgs else None})
+            todo.append(_filled(hints.hint, p, answer=p["answer"]))
     if not todo:
         return Sampled()
     params = {**plan.params, "hint": hints.hint}
     hinted = Batch(prompts=todo)
     ks = {p["prompt_id"]: hints.k for p in todo}
-    return _sample_missing(lake, plan, section, todo, ks, params,
-                           plan.batch_id(hinted, hinted=True), True, before_engine)  # fmt: skip
+    batch_id = plan.batch_id(hinted, hinted=True)
+    return _sample_missing(lake, plan, section, todo, ks, params, batch_id, ANSWER_HINT,
+                           before_engine)  # fmt: skip
+
+
+def teach(
+    lake: Lake,
+    plan: RoundPlan,
+    section: CurateConfig,
+    batch: Batch,
+    before_engine: Callable[[], None] | None = None,
+) -> Sampled:
+    """Sample the batch's prompts each teacher is aimed at (those the student left unsolved,
+    or solved less often than `below`) with that teacher, within its budget for the round."""
+    done = Sampled()
+    for teacher in section.teachers:
+        taught = plan_teacher(section, plan, teacher)
+        source = teacher_source(teacher)
+        batch_id = content_id("teacher-batch", plan.batch_id(batch), source)
+        room = teacher.budget - sampled_by(lake, plan.run_id, source, batch_id)
+        prompts = aimed_prompts(lake, plan, teacher, batch)[: max(room, 0) // teacher.k]
+        if not prompts:
+            continue
+        if teacher.template != "{prompt}":
+            prompts = [_filled(teacher.template, p) for p in prompts]
+        ks = {p["prompt_id"]: teacher.k for p in prompts}
+        more = _sample_missing(lake, taught, section.teacher_config(teacher), prompts, ks,
+                               taught.params, batch_id, source, before_engine)  # fmt: skip
+        done.ids += more.ids
+        done.written += more.written
+        done.seconds += more.seconds
+    return done
+
+
+def aimed_prompts(lake: Lake, plan: RoundPlan, teacher: TeacherConfig, batch: Batch) -> list[dict]:
+    """The batch's prompts `teacher` gets, in batch order: unsolved by the student's own
+    candidates, or (aim: below) solved less often than `teacher.below`, hardest first."""
+    if teacher.aim == "unsolved":
+        unsolved = set(unsolved_prompts(lake, batch.candidate_ids, plan.rule, plan.digests))
+        return [p for p in batch.prompts if p["prompt_id"] in unsolved]
+    rates = student_pass_rates(lake, batch.candidate_ids, plan.rule, plan.digests)
+    aimed = [p for p in batch.prompts if rates.get(p["prompt_id"], 0.0) < teacher.below]
+    return sorted(aimed, key=lambda p: rates.get(p["prompt_id"], 0.0))
+
+
+def _filled(template: str, prompt: dict, **hint: str) -> dict:
+    """A prompt row as `template` (with `hint`) makes it: its text, or its last user turn."""
+    messages = json.loads(prompt["messages"]) if prompt["messages"] else None
+    text, msgs = hinted_prompt(template, prompt["prompt"], messages, **hint)
+    return {**prompt, "prompt": text, "messages": json.dumps(msgs) if msgs else None}
+
+
+def _solution_hints(lake, plan, section, batch, unsolved, before_engine) -> Sampled:
+    """The unsolved prompts that have a verified solution (a teacher's, or the student's own
+    from an earlier round), each with its first part as the hint; at most `hints.prompts`
+    prompts a round."""
+    hints = section.hints
+    solutions = passing_solutions(lake, sorted(unsolved), plan.rule, plan.digests)
+    params = {**plan.params, "hint": hints.template, "hint_share": hints.share}
+    batch_id = content_id("hint-batch", plan.batch_id(batch), SOLUTION_HINT)
+    room = hints.prompts * hints.k - sampled_by(lake, plan.run_id, SOLUTION_HINT, batch_id)
+    todo, given = [], {}
+    for p in batch.prompts:
+        found = solutions.get(p["prompt_id"])
+        given_hint = found and solution_hint(found["text"], hints.share, found["answer"])
+        if not given_hint or len(todo) >= room // hints.k:
+            continue
+        todo.append(_filled(hints.template, p, hint=given_hint))
+        given[p["prompt_id"]] = given_hint
+    if not todo:
+        return Sampled()
+    ks = {p["prompt_id"]: hints.k for p in todo}
+    return _sample_missing(lake, plan, section, todo, ks, params, batch_id, SOLUTION_HINT,
+                           before_engine, given)  # fmt: skip
 
 
 def _sample_missing(
@@ -122,8 +216,9 @@ def _sample_missing(
     ks: dict[str, int],
     params: dict,
     batch_id: str,
-    hinted: bool,
+    source: str,
     before_engine: Callable[[], None] | None,
+    hints: dict[str, str] | None = None,
 ) -> Sampled:
     expected = {
         p["prompt_id"]: expected_ids(
@@ -159,7 +254,9 @@ def _sample_missing(
             run_id=plan.run_id,
             batch_id=batch_id,
             params=params,
-            hinted=hinted,
+            hinted=source != STUDENT,
+            source=source,
+            hints=[(hints or {}).get(p["prompt_id"]) for p in group],
             indices=indices,
             ids=[
                 [expected[p["prompt_id"]][i] for i in idxs]

@@ -19,6 +19,7 @@ import numpy as np
 
 from thresher.answers import answer_key
 from thresher.config import SelectConfig
+from thresher.hints import copied_share
 from thresher.ids import seeded_key
 from thresher.plan import RoundPlan
 from thresher.selection.minhash import near_duplicates, signatures
@@ -30,7 +31,7 @@ from thresher.stores.queries import (
     selected_count,
     selection_inputs,
 )
-from thresher.stores.schemas import DropReason
+from thresher.stores.schemas import TEACHER, DropReason
 from thresher.stores.tables import write_selections
 
 
@@ -128,6 +129,19 @@ class Truncated(Rule):
     def apply(self, rows: list[dict], ctx: Context) -> None:
         for r in rows:
             if r.get("finish_reason") == "length":
+                self.drop(r)
+
+
+class CopiesHint(Rule):
+    """Sampled with part of a solution as its hint, it mostly restates that hint: more than
+    `max_hint_copy` of its words lie in 3-grams of the hint."""
+
+    reason = DropReason.copies_hint
+    column = "copies_hint"
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for r in alive(rows):
+            if r.get("hint") and copied_share(r["text"], r["hint"]) > ctx.spec.max_hint_copy:
                 self.drop(r)
 
 
@@ -274,17 +288,45 @@ class HintShare(Rule):
         return ctx.max_hinted_share is not None and ctx.max_hinted_share < 1
 
     def apply(self, rows: list[dict], ctx: Context) -> None:
-        kept = alive(rows)
+        kept = [r for r in alive(rows) if not is_teacher(r)]
         hinted = [r for r in kept if r["hinted"]]
-        share = ctx.max_hinted_share
-        allowed = int(share * (len(kept) - len(hinted)) / (1 - share) + 1e-9)
-        for r in hinted[allowed:]:
+        for r in hinted[allowed(ctx.max_hinted_share, len(kept) - len(hinted)) :]:
             self.drop(r)
+
+
+class TeacherShare(Rule):
+    """A teacher's candidate over `teacher_cap` of its prompt, or over the batch's share of
+    teacher data (`max_teacher_share`)."""
+
+    reason = DropReason.teacher_share
+    column = "teacher_share"
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for group in ctx.by_prompt.values():
+            for r in [r for r in alive(group) if is_teacher(r)][ctx.spec.teacher_cap :]:
+                self.drop(r)
+        kept = alive(rows)
+        taught = [r for r in kept if is_teacher(r)]
+        for r in taught[allowed(ctx.spec.max_teacher_share, len(kept) - len(taught)) :]:
+            self.drop(r)
+
+
+def is_teacher(row: dict) -> bool:
+    """Whether a teacher made this candidate."""
+    return (row.get("source") or "").startswith(TEACHER)
+
+
+def allowed(share: float, others: int) -> int:
+    """How many rows of one kind may join `others` kept rows within `share` of them all."""
+    if share >= 1:
+        return 10**9
+    return int(share * others / (1 - share) + 1e-9)
 
 
 RULES: tuple[Rule, ...] = (
     Failed(),
     Truncated(),
+    CopiesHint(),
     WeakTests(),
     TooEasy(),
     Contaminated(),
@@ -293,6 +335,7 @@ RULES: tuple[Rule, ...] = (
     Capped(),
     AnswerShare(),
     HintShare(),
+    TeacherShare(),
 )
 # The drop reasons in the order the rules give them, and the funnel's counts of them
 # (the `round_funnel` view's columns) in that order.

@@ -16,7 +16,16 @@ import pyarrow as pa
 
 from thresher.ids import content_id
 from thresher.stores.delta import DeltaTables
-from thresher.stores.schemas import KEYS, PASSED_SQL, SCHEMAS, TABLES, DropReason
+from thresher.stores.schemas import (
+    KEYS,
+    PASSED_SQL,
+    SCHEMAS,
+    SOURCE_SQL,
+    STUDENT,
+    TABLES,
+    TEACHER,
+    DropReason,
+)
 from thresher.stores.storage import is_url, local_path, open_storage
 
 DEFAULT_LAKE = "./lake"
@@ -118,17 +127,25 @@ DIFFICULTY_BY_ROUND_SQL = """
 FUNNEL_COUNTS_SQL = f"""
                count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
                count(*) FILTER (WHERE {DropReason.truncated.sql()}) AS truncated_dropped,
+               count(*) FILTER (WHERE {DropReason.copies_hint.sql()}) AS copies_hint,
                count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
                count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
                count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
                count(*) FILTER (WHERE {DropReason.hint_share.sql()}) AS hint_share,
                count(*) FILTER (WHERE {DropReason.answer_share.sql()}) AS answer_share,
+               count(*) FILTER (WHERE {DropReason.teacher_share.sql()}) AS teacher_share,
                count(*) FILTER (WHERE s.kept) AS kept"""
 ROUND_FUNNEL_SQL = f"""
         SELECT s.round, count(*) AS sampled,
                count(*) FILTER (WHERE coalesce(c.hinted, false)) AS hinted,{FUNNEL_COUNTS_SQL},
-               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted
+               count(*) FILTER (WHERE s.kept AND coalesce(c.hinted, false)) AS kept_hinted,
+               count(*) FILTER (WHERE {SOURCE_SQL} LIKE '{TEACHER}%') AS taught,
+               count(*) FILTER (WHERE s.kept AND {SOURCE_SQL} LIKE '{TEACHER}%') AS kept_teacher,
+               coalesce(sum(c.n_tokens) FILTER (WHERE s.kept), 0)::BIGINT AS kept_tokens,
+               coalesce(sum(c.n_tokens) FILTER (
+                   WHERE s.kept AND {SOURCE_SQL} LIKE '{TEACHER}%'), 0)::BIGINT
+                   AS kept_teacher_tokens
         FROM {{selections}} s JOIN candidates c USING (candidate_id)
         GROUP BY s.round ORDER BY s.round"""
 
@@ -325,6 +342,27 @@ DERIVED_VIEWS = {
         LEFT JOIN runs r ON r.run_id = c.run_id
         WHERE NOT coalesce(c.hinted, false)
         GROUP BY c.prompt_id, c.model, c.round, c.run_id""",
+    # Per pipeline, curated round, prompt and source (the student, each teacher; hinted
+    # samples left out): the model that sampled it and how often the round's rule held.
+    "difficulty_profiles": f"""
+        SELECT s.pipeline, s.round, s.prompt_id, any_value(p.task) AS task,
+               {SOURCE_SQL} AS source, any_value(c.model) AS model, count(*) AS samples,
+               count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+               avg(({PASSED_SQL})::INT) AS pass_rate
+        FROM current_selections s JOIN candidates c USING (candidate_id)
+        LEFT JOIN prompts p ON p.prompt_id = s.prompt_id
+        WHERE {SOURCE_SQL} = '{STUDENT}' OR {SOURCE_SQL} LIKE '{TEACHER}%'
+        GROUP BY ALL""",
+    # Per pipeline, curated round and prompt: solved (the student's own samples pass),
+    # teachable (a teacher's do, the student's do not) or out_of_reach (nobody's do).
+    "prompt_classes": f"""
+        SELECT pipeline, round, prompt_id, any_value(task) AS task,
+               max(pass_rate) FILTER (WHERE source = '{STUDENT}') AS student_pass_rate,
+               max(pass_rate) FILTER (WHERE source LIKE '{TEACHER}%') AS teacher_pass_rate,
+               CASE WHEN coalesce(student_pass_rate, 0) > 0 THEN 'solved'
+                    WHEN coalesce(teacher_pass_rate, 0) > 0 THEN 'teachable'
+                    ELSE 'out_of_reach' END AS class
+        FROM difficulty_profiles GROUP BY pipeline, round, prompt_id""",
     "tool_calls": TOOL_CALLS_SQL,
     # per candidate that could call the tool: calls made, errors, time in the tool, and
     # whether it passed (which prompts the tool helped: SQL over this and pass_rate)

@@ -5,6 +5,7 @@ selection id), never by the run that happened to write them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ import pyarrow as pa
 from thresher.config import SEALED
 from thresher.rules import rule_sql
 from thresher.stores.lake import FAIL_STREAKS_SQL, FUNNEL_COUNTS_SQL, PROMPT_DIFFICULTY_SQL, Lake
-from thresher.stores.schemas import PASSED_SQL
+from thresher.stores.schemas import PASSED_SQL, SOURCE_SQL, STUDENT, TEACHER
 
 if TYPE_CHECKING:
     import duckdb
@@ -153,23 +154,88 @@ def unsolved_prompts(
     lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
 ) -> list[str]:
     """Prompts of these (unhinted) candidates that have verdicts, none of which passes `rule`."""
+    rates = student_pass_rates(lake, candidate_ids, rule, used)
+    return sorted(p for p, rate in rates.items() if rate == 0)
+
+
+# Per prompt, the share of its student's own candidates (of table `cands`) passing a rule.
+STUDENT_RATES_SQL = """
+WITH per_candidate AS (
+    SELECT c.candidate_id, c.prompt_id, {passed} AS passed
+    FROM candidates c JOIN cands USING (candidate_id)
+    JOIN {verdicts} v ON v.candidate_id = c.candidate_id
+    WHERE NOT coalesce(c.hinted, false)
+    GROUP BY ALL)
+SELECT prompt_id, avg(passed::INT) FROM per_candidate GROUP BY prompt_id"""
+# Per prompt (of table `wanted`), its shortest candidate of the student or a teacher that
+# passes a rule: text, final answer, source.
+SOLUTIONS_SQL = f"""
+WITH judged AS (
+    SELECT c.candidate_id, c.prompt_id, c.text, {SOURCE_SQL} AS source,
+           max(v.answer) AS answer, {{passed}} AS passed
+    FROM candidates c JOIN wanted USING (prompt_id)
+    JOIN {{verdicts}} v ON v.candidate_id = c.candidate_id
+    WHERE {SOURCE_SQL} = '{STUDENT}' OR {SOURCE_SQL} LIKE '{TEACHER}%'
+    GROUP BY ALL)
+SELECT prompt_id, text, answer, source FROM judged WHERE passed
+QUALIFY row_number() OVER (PARTITION BY prompt_id ORDER BY length(text), candidate_id) = 1"""
+
+
+def student_pass_rates(
+    lake: Lake, candidate_ids: list[str], rule: str | None = None, used: dict | None = None
+) -> dict[str, float]:
+    """prompt_id -> the share of its (unhinted) candidates among these, with verdicts, that
+    pass `rule`."""
+    rows = _judged(lake, STUDENT_RATES_SQL, ("cands", "candidate_id", candidate_ids), rule, used)
+    return {r[0]: r[1] for r in rows}
+
+
+def passing_solutions(
+    lake: Lake, prompt_ids: list[str], rule: str | None = None, used: dict | None = None
+) -> dict[str, dict]:
+    """prompt_id -> a verified solution of it (text, final answer, source): a passing
+    candidate of a teacher or of the student's own, any round, the shortest first."""
+    rows = _judged(lake, SOLUTIONS_SQL, ("wanted", "prompt_id", prompt_ids), rule, used)
+    return {r[0]: {"text": r[1], "answer": r[2], "source": r[3]} for r in rows}
+
+
+def _judged(
+    lake: Lake, sql: str, ids: tuple[str, str, list[str]], rule: str | None, used: dict | None
+) -> list[tuple]:
+    """The rows of `sql` with `ids` (table, column, values) registered, `{passed}` the
+    `rule` over verdicts `v` and `{verdicts}` those under the `used` digests (None: all)."""
     con = lake.connect()
     try:
-        _with_ids(con, "cands", "candidate_id", candidate_ids)
+        _with_ids(con, *ids)
         verdicts = scoped_verdicts(con, used)
-        rows = con.sql(
-            f"""WITH per_candidate AS (
-                    SELECT c.candidate_id, c.prompt_id, {rule_sql(rule)} AS passed
-                    FROM candidates c JOIN cands USING (candidate_id)
-                    JOIN {verdicts} v ON v.candidate_id = c.candidate_id
-                    WHERE NOT coalesce(c.hinted, false)
-                    GROUP BY ALL)
-                SELECT prompt_id FROM per_candidate GROUP BY prompt_id
-                HAVING NOT bool_or(passed) ORDER BY prompt_id"""
-        ).fetchall()
+        return con.sql(sql.format(passed=rule_sql(rule), verdicts=verdicts)).fetchall()
     finally:
         con.close()
-    return [r[0] for r in rows]
+
+
+def sampled_by(lake: Lake, run_id: str | None, source: str, but_batch: str) -> int:
+    """Candidates `source` sampled for run `run_id` in batches other than `but_batch`."""
+    row = lake.query(
+        f"""SELECT count(*) AS n FROM candidates c
+            WHERE c.run_id IS NOT DISTINCT FROM ? AND {SOURCE_SQL} = ? AND c.batch_id <> ?""",
+        [run_id, source, but_batch],
+    )
+    return int(row["n"][0])
+
+
+def source_counts(lake: Lake, selection_id: str) -> dict[str, dict[str, int]]:
+    """source -> its candidates, passing, kept and their tokens in one selection."""
+    rows = lake.query(
+        f"""SELECT {SOURCE_SQL} AS source, count(*) AS candidates,
+                   count(*) FILTER (WHERE {PASSED_SQL}) AS passed,
+                   count(*) FILTER (WHERE s.kept) AS kept,
+                   coalesce(sum(c.n_tokens), 0)::BIGINT AS tokens,
+                   coalesce(sum(c.n_tokens) FILTER (WHERE s.kept), 0)::BIGINT AS kept_tokens
+            FROM selections s JOIN candidates c USING (candidate_id)
+            WHERE coalesce(s.selection_id, s.run_id) = ? GROUP BY ALL ORDER BY source""",
+        [selection_id],
+    )
+    return {r.pop("source"): r for r in rows.iter_rows(named=True)}
 
 
 def candidates_to_verify(
@@ -227,7 +293,7 @@ def prompts_to_verify(
 SELECTION_INPUTS_SQL = """
 SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
        cand.finish_reason, coalesce(cand.hinted, false) AS hinted,
-       p.prompt, p.messages, p.tests IS NOT NULL AS has_tests,
+       {source} AS source, cand.hint, p.prompt, p.messages, p.tests IS NOT NULL AS has_tests,
        p.task, p.answer AS reference, max(v.answer) AS answer,
        {passed} AS passed,
        coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
@@ -253,7 +319,9 @@ def selection_inputs(
     try:
         _with_ids(con, "cands", "candidate_id", candidate_ids)
         sql = SELECTION_INPUTS_SQL.format(
-            passed=rule_sql(rule), verdicts=scoped_verdicts(con, used)
+            passed=rule_sql(rule),
+            verdicts=scoped_verdicts(con, used),
+            source=SOURCE_SQL.replace("c.", "cand."),
         )
         return con.sql(sql, params={"ranking": list(ranking or [])}).pl().to_dicts()
     finally:
@@ -288,28 +356,60 @@ def held_out_questions(lake: Lake) -> set[str]:
     return out
 
 
-def task_pass_rates(lake: Lake, pipeline: str, round_: int) -> dict[str, tuple[int, int]]:
-    """task -> (passing, sampled) unhinted candidates of a pipeline's current selection of
-    a round (passing: the rule held)."""
-    rows = lake.query(
-        f"""SELECT p.task, count(*) FILTER (WHERE {PASSED_SQL}) AS passed, count(*) AS n
-            FROM current_selections s JOIN candidates c USING (candidate_id)
-            JOIN prompts p ON p.prompt_id = s.prompt_id
-            WHERE s.pipeline = ? AND s.round = ? AND NOT coalesce(c.hinted, false)
-            GROUP BY p.task""",
-        [pipeline, round_],
-    )
-    return {r["task"]: (r["passed"], r["n"]) for r in rows.iter_rows(named=True)}
+def task_level_rates(
+    lake: Lake, pipeline: str, round_: int, judges: dict[str, str] | None = None
+) -> dict[tuple[str, int | None], tuple[int, int]]:
+    """(task, level) -> (right, sampled) of the student's own candidates in a pipeline's
+    current selection of a round: right when every verifier in `judges` (verifier ->
+    options digest) passed it; without judges, when the round's rule held."""
+    if not judges:
+        passed, verdicts = f"bool_and({PASSED_SQL})", ""
+    else:
+        passed = rule_sql(" and ".join(judges))
+        verdicts = "JOIN {verdicts} v ON v.candidate_id = c.candidate_id"
+    con = lake.connect()
+    try:
+        verdicts = verdicts.format(verdicts=scoped_verdicts(con, judges)) if judges else ""
+        rows = con.execute(
+            f"""WITH judged AS (
+                    SELECT c.candidate_id, any_value(p.task) AS task,
+                           any_value(json_extract(p.meta, '$.level')::INT) AS level,
+                           {passed} AS passed
+                    FROM current_selections s JOIN candidates c USING (candidate_id)
+                    JOIN prompts p ON p.prompt_id = s.prompt_id {verdicts}
+                    WHERE s.pipeline = ? AND s.round = ? AND NOT coalesce(c.hinted, false)
+                    GROUP BY c.candidate_id)
+                SELECT task, level, count(*) FILTER (WHERE passed), count(*) FROM judged
+                GROUP BY ALL""",
+            [pipeline, round_],
+        ).fetchall()
+    finally:
+        con.close()
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 def env_levels(lake: Lake, dataset: str) -> dict[str, int]:
-    """task -> the curriculum level its prompts in `dataset` were generated at."""
+    """task -> the curriculum level its prompts in `dataset` were generated at (probes of
+    the next level left out)."""
     rows = lake.query(
         """SELECT task, max(json_extract(meta, '$.level')::INT) AS level FROM prompts
-           WHERE dataset = ? AND json_extract(meta, '$.level') IS NOT NULL GROUP BY task""",
+           WHERE dataset = ? AND json_extract(meta, '$.level') IS NOT NULL
+             AND NOT coalesce(json_extract(meta, '$.probe')::BOOLEAN, false)
+           GROUP BY task""",
         [dataset],
     )
     return {r["task"]: r["level"] for r in rows.iter_rows(named=True)}
+
+
+def eval_task_configs(lake: Lake, dataset: str) -> dict[str, dict]:
+    """task -> the generator settings of the held-out (eval) prompts of `dataset`."""
+    rows = lake.query(
+        """SELECT task, any_value(json_extract_string(meta, '$.config')) AS config
+           FROM prompts WHERE dataset = ? AND split = 'eval'
+             AND json_extract(meta, '$.config') IS NOT NULL GROUP BY task""",
+        [dataset],
+    )
+    return {r["task"]: json.loads(r["config"]) for r in rows.iter_rows(named=True)}
 
 
 def selected_count(lake: Lake, selection_id: str, candidate_ids: list[str]) -> int:

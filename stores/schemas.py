@@ -67,11 +67,15 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("text", pa.string()),
             ("n_tokens", pa.int64()),
             ("finish_reason", pa.string()),
-            ("hinted", pa.bool_()),
+            ("hinted", pa.bool_()),  # not the student's own unaided sample (a hint, a teacher)
             ("batch_id", pa.string()),
             ("created_at", TS),
             # with a tool: JSON list of the model's text, its code and the tool's outputs
             ("segments", pa.string()),
+            # who made it: student, hint:answer, hint:solution, teacher:<name> (NULL: a lake
+            # written before sources, see SOURCE_SQL) and the hint it was given
+            ("source", pa.string()),
+            ("hint", pa.string()),
         ]
     ),
     "verdicts": pa.schema(
@@ -218,6 +222,8 @@ class DropReason(StrEnum):
     duplicate_of = "duplicate_of"  # duplicate_of:<the kept candidate's id>
     capped = "capped"  # over the per-prompt cap
     hint_share = "hint_share"  # a hinted candidate over the share of hinted data
+    copies_hint = "copies_hint"  # it mostly restates the solution its hint gave
+    teacher_share = "teacher_share"  # a teacher's, over the per-prompt cap or the share
     weak_tests = "weak_tests"  # weak_tests:<kill rate or 'not audited'> (min_test_strength)
     answer_share = "answer_share"  # answer_share:<answer>: over its reference share
 
@@ -239,3 +245,9 @@ class DropReason(StrEnum):
 
 # A candidate passed when the rule held: it was not dropped as `failed`.
 PASSED_SQL = f"drop_reason IS DISTINCT FROM '{DropReason.failed.value}'"
+
+# Who made a candidate `c` (rows written before sources: the student, or an answer hint).
+SOURCE_SQL = (
+    "coalesce(c.source, CASE WHEN coalesce(c.hinted, false) THEN 'hint:answer' ELSE 'student' END)"
+)
+STUDENT, ANSWER_HINT, SOLUTION_HINT, TEACHER = "student", "hint:answer", "hint:solution", "teacher:"

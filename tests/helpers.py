@@ -11,6 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARITHMETIC = ROOT / "examples" / "arithmetic"
 
+# basic_arithmetic's curriculum levels in the environment tests, easiest first
+ARITHMETIC_LEVELS = [
+    {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2},
+    {"min_terms": 3, "max_terms": 3, "min_digits": 2, "max_digits": 2},
+]
+
 # a verifier's verdict rows: these columns, in this order
 VERDICT_COLUMNS = ["candidate_id", "verifier", "score", "passed", "reason", "elapsed_ms", "answer"]
 

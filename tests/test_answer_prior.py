@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from helpers import ARITHMETIC_LEVELS
 
 from thresher.answers import answer_key
 from thresher.config import EnvironmentConfig, MonitorsGateConfig, SelectConfig
@@ -202,11 +203,7 @@ ENV = {
     "curriculum": {"low": 0.2, "high": 0.6},
     "tasks": {
         "basic_arithmetic": {
-            "levels": [
-                {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-                {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2},
-                {"min_terms": 3, "max_terms": 3, "min_digits": 2, "max_digits": 2},
-            ],
+            "levels": ARITHMETIC_LEVELS,
             "start": 1,
         },
         "chain_sum": {

@@ -29,13 +29,13 @@ def test_plan_skips_solved_and_gives_hard_prompts_more():
 
 def test_hint_goes_into_the_prompt_or_the_last_user_message():
     template = RationalizeConfig().hint
-    prompt, msgs = hinted_prompt(template, "What is 2 + 3?", None, "5")
+    prompt, msgs = hinted_prompt(template, "What is 2 + 3?", None, answer="5")
     assert msgs is None and prompt == "What is 2 + 3? (Hint: the answer is 5.)"
     chat = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 2 + 3?"},
     ]
-    prompt, msgs = hinted_prompt("{prompt}\nAnswer: {answer}", None, chat, "5")
+    prompt, msgs = hinted_prompt("{prompt}\nAnswer: {answer}", None, chat, answer="5")
     assert prompt is None
     assert msgs == [chat[0], {"role": "user", "content": "What is 2 + 3?\nAnswer: 5"}]
     assert chat[1]["content"] == "What is 2 + 3?"  # the stored prompt is not changed

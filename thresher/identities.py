@@ -43,7 +43,12 @@ def fields_of(model: BaseModel, kind: str) -> dict[str, Any]:
     fields = cls.model_fields
 
     def is_set(name: str) -> bool:
-        return getattr(model, name) != fields[name].get_default(call_default_factory=True)
+        value = getattr(model, name)
+        default = fields[name].get_default(call_default_factory=True)
+        if isinstance(value, BaseModel) and isinstance(default, BaseModel):
+            # a section counts when what counts in it differs from its default's
+            return fields_of(value, kind) != fields_of(default, kind)
+        return value != default
 
     out = {}
     for name, info in fields.items():
@@ -105,7 +110,8 @@ def run_id_for(cfg: CurateConfig) -> str:
 
 def selection_id_for(cfg: CurateConfig) -> str:
     """Everything a selection depends on: its candidates (prompts, model, round, sampling,
-    difficulty, rationalization), the verdicts it reads and the select settings."""
+    difficulty, rationalization, teachers, hints), the verdicts it reads and the select
+    settings."""
     verify = cfg.verify
     return content_id(
         "selection",
@@ -119,6 +125,9 @@ def selection_id_for(cfg: CurateConfig) -> str:
         fields_of(cfg.select, "selection"),
         {"verifiers": verify.verifiers, "by_task": verify.by_task, "rule": verify.rule},
         verifier_digests(cfg),
+        # sources added since selections had ids count only when set
+        *([[fields_of(t, "selection") for t in cfg.teachers]] if cfg.teachers else []),
+        *([fields_of(cfg.hints, "selection")] if cfg.hints.enabled else []),
     )
 
 

@@ -6,7 +6,7 @@ name."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from thresher.identities import (
@@ -22,7 +22,7 @@ from thresher.identities import (
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from thresher.config import CurateConfig, EvalConfig, VerifyConfig
+    from thresher.config import CurateConfig, EvalConfig, TeacherConfig, VerifyConfig
     from thresher.verifiers.base import HeldOutRole, Verifier
 
 
@@ -124,6 +124,21 @@ def plan_curate(cfg: CurateConfig) -> RoundPlan:
         k=cfg.sampling.k,
         **_shared(cfg, verifier_digests(cfg)),
     )
+
+
+def plan_teacher(cfg: CurateConfig, plan: RoundPlan, teacher: TeacherConfig) -> RoundPlan:
+    """The plan a teacher of curate run `cfg` samples under: the run's, with the teacher's
+    model and sampling (its candidates' ids say who made them)."""
+    taught = cfg.teacher_config(teacher)
+    params = sampling_params(taught) | {"source": teacher_source(teacher)}
+    if teacher.template != "{prompt}":
+        params["template"] = teacher.template
+    return replace(plan, model_id=taught.model_id, params=params, k=teacher.k)
+
+
+def teacher_source(teacher: TeacherConfig) -> str:
+    """The `source` a teacher's candidates record: teacher:<name>."""
+    return f"teacher:{teacher.name}"
 
 
 def plan_eval(cfg: EvalConfig, opening: int | None = None) -> EvalPlan:

@@ -284,6 +284,7 @@ def test_an_environment_round_moves_each_level_by_its_hand_counted_pass_rate(tin
     and no generated prompt is a held-out one (the held-out set shares the round's seed)."""
     from thresher.config.env import round_dataset
     from thresher.ingest.envs import EnvSpec, TaskSpec, generate_round, ingest_env, round_levels
+    from thresher.stores.queries import task_level_rates
 
     # a lake of its own: the tiny model's answers quote the arithmetic eval questions of
     # the module's lake, and decontamination would drop them
@@ -364,5 +365,5 @@ def test_an_environment_round_moves_each_level_by_its_hand_counted_pass_rate(tin
     for (low, high), word in (((0.0, rate / 2), "harder"), ((rate + 0.01, 1.0), "easi")):
         band = cfg.environment.curriculum.model_copy(update={"low": low, "high": high})
         moved = cfg.environment.model_copy(update={"curriculum": band})
-        plan = round_levels(lake, moved, "env", "env", 1)[task]
+        plan = round_levels(lake, moved, "env", 1, task_level_rates(lake, "env", 0))[task]
         assert plan["level"] == expected(task, rate, low, high) and word in plan["why"], plan

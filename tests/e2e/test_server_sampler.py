@@ -189,6 +189,49 @@ def test_curate_flow_samples_from_the_server(server, tmp_path):
     assert lake.count("verdicts") == 6 and lake.count("selections") == 6
 
 
+def test_a_teacher_behind_the_server_samples_what_the_local_student_left(
+    server, tiny_model, tmp_path
+):
+    """The student samples on this process's engine, the teacher on the server; the
+    teacher's candidates carry its source and the served model's name."""
+    from helpers import ingest_arithmetic
+
+    from thresher.config import CurateConfig
+    from thresher.flows.curate import run_curate
+    from thresher.stores.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    ingest_arithmetic(lake)
+    cfg = CurateConfig(
+        name="served-teacher",
+        model=str(tiny_model),
+        prompts={"dataset": "arith", "limit": 12},
+        sampling={"k": 2, "max_tokens": 24, "temperature": 1.6, "top_p": 1.0},
+        engine={"dtype": "float32", "max_model_len": 256},
+        verify={"verifiers": ["math"]},
+        teachers=[
+            {
+                "name": "served",
+                "model": "tiny",
+                "server": {"base_url": server},
+                "k": 2,
+                "sampling": {"temperature": 0.1},
+            }
+        ],  # fmt: skip
+    )
+    summary = run_curate(cfg, lake.root, progress=False)
+    rows = lake.query(
+        """SELECT c.prompt_id, c.source, c.model,
+                  bool_or(v.passed) FILTER (WHERE c.source = 'student')
+                      OVER (PARTITION BY c.prompt_id) AS own_pass
+           FROM candidates c JOIN verdicts v USING (candidate_id)"""
+    ).to_dicts()
+    taught = [r for r in rows if r["source"] == "teacher:served"]
+    assert taught and all(r["model"] == "tiny" for r in taught)
+    assert not any(r["own_pass"] for r in taught)  # only prompts the student left unsolved
+    assert summary["sources"]["teacher:served"]["candidates"] == len(taught)
+
+
 class Refusing(http.server.BaseHTTPRequestHandler):
     """Answers every request with 404, counting them."""
 

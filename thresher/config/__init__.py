@@ -28,7 +28,9 @@ from thresher.config.curate import (
     DifficultyConfig,
     GatedStage,
     GatesConfig,
+    HintsConfig,
     RationalizeConfig,
+    TeacherConfig,
 )
 from thresher.config.engine import (
     EXECUTOR_HELP,
@@ -99,6 +101,8 @@ __all__ = [
     "MonitorsGateConfig",
     "PromptsConfig",
     "RationalizeConfig",
+    "HintsConfig",
+    "TeacherConfig",
     "RayConfig",
     "RollbackConfig",
     "SamplingConfig",

@@ -101,6 +101,76 @@ class RationalizeConfig(_Strict):
         return self
 
 
+STUDENT_TEACHER = "student"  # a teacher's model: the round's own, sampled again
+
+
+class TeacherConfig(_Strict):
+    """A stronger source for the prompts the student cannot solve yet: a local model folder
+    (vLLM) or a model behind an OpenAI-compatible server. Its candidates are verified like the
+    student's, stored with their source (`teacher:<name>`) and train as text (any tokenizer
+    or chat template)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the source's name")
+    model: str = Field(
+        description="a local model folder vLLM can load (or the server's name); `student`: the "
+        "round's own model, sampled again (more samples where it is stuck)"
+    )
+    server: ServerConfig | None = Field(None, description="sample from this server instead")
+    k: int = Field(4, ge=1, description="candidates per prompt it gets")
+    sampling: dict[str, Any] = Field(
+        default_factory=dict,
+        description="sampling settings that differ from the round's (temperature, max_tokens, "
+        "chat, stop, ...)",
+    )
+    template: str = Field(
+        "{prompt}",
+        description="what the teacher is sent, {prompt} filled in (e.g. worked examples before "
+        "it for a base model; with sampling: {chat: false}, a completion prompt)",
+    )
+    budget: int = Field(128, ge=1, description="most candidates it samples per round")
+    aim: Literal["unsolved", "below"] = Field(
+        "unsolved",
+        description="which prompts it gets: those the student left unsolved this round, or "
+        "those below `below` pass rate",
+    )
+    below: float = Field(0.25, gt=0, le=1, description="with aim: below, the pass rate")
+
+    @model_validator(mode="after")
+    def _template_has_the_prompt(self) -> TeacherConfig:
+        if "{prompt}" not in self.template:
+            raise ValueError("a teacher's template must contain {prompt}")
+        return self
+
+
+class HintsConfig(_Strict):
+    """Prompts the student left unsolved, sampled again by the student with the first part of
+    a verified solution (a teacher's this round, else the student's own from an earlier round)
+    as a hint; passing hinted candidates train without the hint."""
+
+    share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="the share of a verified solution's words given as the hint (unset: off)",
+    )
+    k: int = Field(4, ge=1, description="hinted candidates per prompt")
+    template: str = Field(
+        "{prompt}\n\nA solution starts: {hint}",
+        description="the hinted prompt; {prompt} and {hint} are filled in",
+    )
+    prompts: int = Field(64, ge=1, description="most prompts hinted per round")
+
+    @property
+    def enabled(self) -> bool:
+        return self.share is not None
+
+    @model_validator(mode="after")
+    def _hint_fields(self) -> HintsConfig:
+        if "{hint}" not in self.template or "{prompt}" not in self.template:
+            raise ValueError("template must contain {prompt} and {hint}")
+        return self
+
+
 SEALED = (
     "the test split is sealed: curate, train, bootstrap and audits never read it; open it "
     "with a final evaluation (`thresher eval --split test --final`), which is recorded"
@@ -123,6 +193,17 @@ class CurateSections(_Strict):
     select: SelectConfig = Field(default_factory=SelectConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
     rationalize: RationalizeConfig = Field(default_factory=RationalizeConfig)
+    teachers: list[TeacherConfig] = Field(
+        default_factory=list, description="stronger sources for what the student cannot solve"
+    )
+    hints: HintsConfig = Field(default_factory=HintsConfig)
+
+    @model_validator(mode="after")
+    def _teacher_names(self) -> CurateSections:
+        names = [t.name for t in self.teachers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"teacher names must differ: {names}")
+        return self
 
     def curate_sections(self) -> dict[str, Any]:
         """These sections by name (to build a curate config from another that has them)."""
@@ -153,6 +234,20 @@ class CurateConfig(GatedStage, CurateSections):
             raise ValueError("executor: ray runs its own engines; it does not apply to a server")
         self.verify.check_pipeline(self)
         return self
+
+    def teacher_config(self, teacher: TeacherConfig) -> CurateConfig:
+        """This run as `teacher` samples it: its model (or server) and sampling settings."""
+        sampling = self.sampling.model_dump() | teacher.sampling | {"k": teacher.k}
+        own = teacher.model == STUDENT_TEACHER
+        return self.model_copy(
+            update={
+                "model": self.model if own else teacher.model,
+                "lora": self.lora if own else None,
+                "server": self.server if own else teacher.server,
+                "sampling": type(self.sampling).model_validate(sampling),
+                "teachers": [],
+            }
+        )
 
     @property
     def placement(self) -> Literal["local", "server", "ray"]:

@@ -28,10 +28,18 @@ class EnvTaskConfig(_Strict):
 
 
 class CurriculumConfig(_Strict):
-    """Move a task's level after each round by its pass rate over that round's samples."""
+    """Move a task's level after each round by how often the student's own answers were
+    right (the correctness verdicts: the asked format, hints and teachers left out)."""
 
     low: float = Field(0.2, ge=0, le=1, description="below this pass rate: one level easier")
     high: float = Field(0.7, ge=0, le=1, description="above this pass rate: one level harder")
+    probe: int = Field(
+        0,
+        ge=0,
+        description="prompts per task generated one level harder each round (trained on like "
+        "the rest); in the band, the level rises when the student solves them at least "
+        "`low` of the time",
+    )
 
     @model_validator(mode="after")
     def _band(self) -> CurriculumConfig:

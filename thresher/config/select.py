@@ -83,6 +83,23 @@ class SelectConfig(_Strict):
         "as `answer_share` (a loop that keeps more '1's than the references hold learns a "
         "prior, not a skill)",
     )
+    teacher_cap: int = Field(
+        1, ge=0, description="most teacher candidates kept per prompt (the `teacher_share` drop)"
+    )
+    max_teacher_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="most teacher candidates among those kept (per batch), as `teacher_share`",
+    )
+    max_hint_copy: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="a candidate sampled with part of a solution as its hint is dropped "
+        "(`copies_hint`) when more than this share of its words' 3-grams are the hint's or "
+        "it adds fewer than 3 words of its own",
+    )
     min_test_strength: float | None = Field(
         None,
         ge=0,
