@@ -91,8 +91,8 @@ reasoning-gym: $(SMOLLM2_MODEL)/config.json
 # the two side by side; ROUNDS=N overrides the config's max_rounds; stopped, it goes on
 # where it was when run again.
 RG_HELDOUT = heldout:rg-heldout heldout-default:rg-default heldout-untrained:rg-untrained
-.PHONY: rg-frontier rg-plain
-rg-frontier rg-plain: rg-%: $(SMOLLM2_MODEL)/config.json
+.PHONY: rg-frontier rg-plain rg-teacher
+rg-frontier rg-plain rg-teacher: rg-%: $(SMOLLM2_MODEL)/config.json
 	@for spec in $(RG_HELDOUT); do \
 		$(BIN)/thresher ingest --from reasoning-gym configs/reasoning-gym/$${spec%%:*}.yaml \
 			--dataset $${spec##*:} --split eval --lake lake-rg-$* || exit 1; done
