@@ -294,17 +294,31 @@ class HintShare(Rule):
             self.drop(r)
 
 
-class TeacherShare(Rule):
-    """A teacher's candidate over `teacher_cap` of its prompt, or over the batch's share of
-    teacher data (`max_teacher_share`)."""
+class TeacherCap(Rule):
+    """A teacher's candidate over `teacher_cap` of its prompt (ranked by `policy`), before
+    the prompt's `cap` counts it."""
 
     reason = DropReason.teacher_share
     column = "teacher_share"
 
     def apply(self, rows: list[dict], ctx: Context) -> None:
         for group in ctx.by_prompt.values():
-            for r in [r for r in alive(group) if is_teacher(r)][ctx.spec.teacher_cap :]:
+            taught = [r for r in alive(group) if is_teacher(r)]
+            if len(taught) <= ctx.spec.teacher_cap:
+                continue
+            if ctx.spec.policy == "diverse":
+                ctx.sign(taught)
+            for r in _rank(taught, ctx.spec)[ctx.spec.teacher_cap :]:
                 self.drop(r)
+
+
+class TeacherShare(Rule):
+    """A teacher's candidate over the batch's share of teacher data (`max_teacher_share`)."""
+
+    reason = DropReason.teacher_share
+    column = "teacher_share"
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
         kept = alive(rows)
         taught = [r for r in kept if is_teacher(r)]
         for r in taught[allowed(ctx.spec.max_teacher_share, len(kept) - len(taught)) :]:
@@ -332,6 +346,7 @@ RULES: tuple[Rule, ...] = (
     Contaminated(),
     Duplicate(),
     NearDuplicate(),
+    TeacherCap(),
     Capped(),
     AnswerShare(),
     HintShare(),

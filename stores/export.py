@@ -26,7 +26,7 @@ JOIN candidates c USING (candidate_id)
 JOIN prompts p ON p.prompt_id = c.prompt_id
 WHERE s.kept AND s.round {op} $round AND ($name IS NULL OR s.pipeline = $name)
 QUALIFY row_number() OVER (PARTITION BY c.candidate_id ORDER BY s.round) = 1
-ORDER BY s.round, c.prompt_id, c.sample_idx
+ORDER BY s.round, c.prompt_id, c.sample_idx, c.candidate_id
 """
 
 FAILED_SQL = f"""

@@ -270,7 +270,7 @@ def prompts_to_verify(
     try:
         _with_ids(con, "cands", "candidate_id", candidate_ids)
         return con.sql(
-            """WITH batch AS (
+            f"""WITH batch AS (
                    SELECT c.*, NOT EXISTS (SELECT 1 FROM verdicts v
                                            WHERE v.candidate_id = c.candidate_id
                                              AND v.verifier = ? AND v.options_digest = ?)
@@ -278,10 +278,11 @@ def prompts_to_verify(
                    FROM candidates c JOIN cands USING (candidate_id))
                SELECT b.candidate_id, b.prompt_id, b.text, b.finish_reason, b.n_tokens,
                       coalesce(b.hinted, false) AS hinted, b.missing, b.segments,
+                      {SOURCE_SQL.replace("c.", "b.")} AS source,
                       p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
                FROM batch b JOIN prompts p USING (prompt_id)
                WHERE b.prompt_id IN (SELECT prompt_id FROM batch WHERE missing)
-               ORDER BY b.prompt_id, hinted, b.sample_idx""",
+               ORDER BY b.prompt_id, hinted, b.sample_idx, b.candidate_id""",
             params=[verifier, digest],
         ).pl()
     finally:
@@ -303,7 +304,7 @@ JOIN cands USING (candidate_id)
 LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
 LEFT JOIN {verdicts} v ON v.candidate_id = cand.candidate_id
 GROUP BY ALL
-ORDER BY cand.prompt_id, hinted, cand.sample_idx
+ORDER BY cand.prompt_id, hinted, cand.sample_idx, cand.candidate_id
 """
 
 
@@ -360,13 +361,14 @@ def task_level_rates(
     lake: Lake, pipeline: str, round_: int, judges: dict[str, str] | None = None
 ) -> dict[tuple[str, int | None], tuple[int, int]]:
     """(task, level) -> (right, sampled) of the student's own candidates in a pipeline's
-    current selection of a round: right when every verifier in `judges` (verifier ->
-    options digest) passed it; without judges, when the round's rule held."""
+    current selection of a round: right when every verifier of `judges` (verifier ->
+    options digest) that scored it passed it, and one did; without judges, when the
+    round's rule held."""
     if not judges:
         passed, verdicts = f"bool_and({PASSED_SQL})", ""
     else:
-        passed = rule_sql(" and ".join(judges))
-        verdicts = "JOIN {verdicts} v ON v.candidate_id = c.candidate_id"
+        passed = rule_sql(None)
+        verdicts = "LEFT JOIN {verdicts} v ON v.candidate_id = c.candidate_id"
     con = lake.connect()
     try:
         verdicts = verdicts.format(verdicts=scoped_verdicts(con, judges)) if judges else ""
@@ -560,11 +562,11 @@ def drop_counts(lake: Lake, name: str | None, round_: int) -> dict[str, int]:
 
 
 def selection_outcomes(lake: Lake, selection_id: str) -> pl.DataFrame:
-    """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted,
-    n_tokens and the model that sampled it."""
+    """Each candidate of a selection: prompt_id, kept, passed (the rule held), hinted (a
+    hint helped: teachers' candidates are not), n_tokens and the model that sampled it."""
     return lake.query(
         f"""SELECT s.prompt_id, s.kept, ({PASSED_SQL}) AS passed,
-                   coalesce(c.hinted, false) AS hinted, c.n_tokens, c.model
+                   {SOURCE_SQL} LIKE 'hint:%' AS hinted, c.n_tokens, c.model
             FROM selections s JOIN candidates c USING (candidate_id)
             WHERE {_OF_SELECTION}""",
         {"sid": selection_id},

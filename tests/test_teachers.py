@@ -83,6 +83,10 @@ def test_a_solution_hint_stops_before_the_answer_and_the_copy_rule_counts_words(
     # the whole solution asked for: it stops before the first word holding the answer
     assert solution_hint(solution, 1.0, "42") == "We add 12 and 30 to get"
     assert solution_hint("<answer>42</answer>", 1.0, "42") is None
+    # an answer of several words is found in the text, not word by word
+    assert solution_hint("x is 2 and y is 3 so (2, 3) is the point", 1.0, "(2, 3)") == (
+        "x is 2 and y is 3 so"
+    )
     hint = "We add 12 and 30 to get"
     # 7 of its 9 words lie in 3-grams of the hint: 0.778
     assert round(copied_share(solution, hint), 3) == 0.778
@@ -287,5 +291,10 @@ def test_a_teacher_config_says_what_it_samples_and_its_ids_say_who():
     assert own.params["source"] == "teacher:again" and own.params["template"].startswith("Think")
     with pytest.raises(ValueError, match="prompt"):
         TeacherConfig(name="t", model="m", template="no prompt here")
+    with pytest.raises(ValueError, match="literal brace"):  # a few-shot \boxed{} unescaped
+        TeacherConfig(name="t", model="m", template="Answer as \\boxed{x}. {prompt}")
+    assert TeacherConfig(name="t", model="m", template="\\boxed{{x}}: {prompt}").template
+    with pytest.raises(ValueError, match="below k"):
+        TeacherConfig(name="t", model="m", k=4, budget=3)
     with pytest.raises(ValueError, match="differ"):
         CurateConfig(**cfg.model_dump() | {"teachers": [cfg.teachers[0]] * 2})

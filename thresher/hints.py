@@ -9,8 +9,10 @@ def solution_hint(text: str, share: float, answer: str | None = None) -> str | N
     appears (a hint, not the answer); None when nothing is left."""
     words = text.split()
     n = int(share * len(words))
-    if answer:
-        n = next((i for i, w in enumerate(words[:n]) if answer in w), n)
+    at = " ".join(words).find(answer.strip()) if answer and answer.strip() else -1
+    if at >= 0:  # the words that end before the answer's first appearance
+        ends = [len(" ".join(words[: i + 1])) for i in range(len(words))]
+        n = min(n, sum(end <= at for end in ends))
     return " ".join(words[:n]) or None
 
 

@@ -116,14 +116,21 @@ class TrainPlan:
 
 def plan_curate(cfg: CurateConfig) -> RoundPlan:
     """The plan of a curate run of `cfg`."""
-    rationalize = cfg.rationalize
     return RoundPlan(
         run_id=run_id_for(cfg),
         selection_id=selection_id_for(cfg),
-        max_hinted_share=rationalize.max_share if rationalize.enabled else None,
+        max_hinted_share=hinted_share(cfg),
         k=cfg.sampling.k,
         **_shared(cfg, verifier_digests(cfg)),
     )
+
+
+def hinted_share(cfg: CurateConfig) -> float | None:
+    """The most hinted candidates may be of what a batch keeps: the smaller cap of the
+    hints in use (the reference answer, part of a solution); None without hints."""
+    caps = [h.max_share for h in (cfg.rationalize, cfg.hints) if h.enabled]
+    caps = [c for c in caps if c is not None]
+    return min(caps) if caps else None
 
 
 def plan_teacher(cfg: CurateConfig, plan: RoundPlan, teacher: TeacherConfig) -> RoundPlan:

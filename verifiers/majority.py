@@ -30,6 +30,7 @@ from thresher.verifiers.math_workers import check_in_workers
 COMPARES = ("math", "exact")
 _COMPARE_TIMEOUT_S = 5.0  # one sympy comparison of two answers, in a math worker
 HINTED = "majority does not judge hinted candidates: they saw the reference answer"
+TAUGHT = "majority does not judge a teacher's candidates: the student's vote is no label for them"
 NO_ANSWER = "no final answer found"
 
 
@@ -220,13 +221,15 @@ class Majority(Verifier):
             if "hinted" in batch.columns
             else [False] * batch.height
         )
+        sources = batch["source"].to_list() if "source" in batch.columns else [None] * len(hinted)
         read = _math_vote if self.compare == "math" else _exact_vote
         verdicts: list[Verdict | None] = [None] * batch.height
         prompts: dict[str, tuple[list[int], dict[int, Vote]]] = {}
         for i, prompt_id in enumerate(batch["prompt_id"].to_list()):
             rows, votes = prompts.setdefault(prompt_id, ([], {}))
             if hinted[i]:
-                verdicts[i] = Verdict(0.0, False, HINTED)
+                taught = (sources[i] or "").startswith("teacher:")
+                verdicts[i] = Verdict(0.0, False, TAUGHT if taught else HINTED)
                 continue
             rows.append(i)
             vote = read(texts[i] or "")

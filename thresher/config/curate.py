@@ -136,9 +136,10 @@ class TeacherConfig(_Strict):
     below: float = Field(0.25, gt=0, le=1, description="with aim: below, the pass rate")
 
     @model_validator(mode="after")
-    def _template_has_the_prompt(self) -> TeacherConfig:
-        if "{prompt}" not in self.template:
-            raise ValueError("a teacher's template must contain {prompt}")
+    def _template_and_budget(self) -> TeacherConfig:
+        _fills(self.template, "prompt")
+        if self.budget < self.k:
+            raise ValueError(f"budget {self.budget} is below k {self.k}: it would sample nothing")
         return self
 
 
@@ -159,6 +160,9 @@ class HintsConfig(_Strict):
         description="the hinted prompt; {prompt} and {hint} are filled in",
     )
     prompts: int = Field(64, ge=1, description="most prompts hinted per round")
+    max_share: float | None = Field(
+        0.5, gt=0, le=1, description="most hinted candidates among those kept (per batch)"
+    )
 
     @property
     def enabled(self) -> bool:
@@ -166,9 +170,22 @@ class HintsConfig(_Strict):
 
     @model_validator(mode="after")
     def _hint_fields(self) -> HintsConfig:
-        if "{hint}" not in self.template or "{prompt}" not in self.template:
-            raise ValueError("template must contain {prompt} and {hint}")
+        _fills(self.template, "prompt", "hint")
         return self
+
+
+def _fills(template: str, *fields: str) -> None:
+    """Raise unless `template` names each field and str.format fills it with nothing else
+    (a literal brace is written twice: {{ }})."""
+    missing = [f for f in fields if "{" + f + "}" not in template]
+    if missing:
+        raise ValueError(f"template must contain {', '.join('{' + f + '}' for f in fields)}")
+    try:
+        template.format(**dict.fromkeys(fields, ""))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"template {template!r} names only {fields} (write a literal brace as {{{{ }}}}): {e!r}"
+        ) from None
 
 
 SEALED = (

@@ -97,8 +97,8 @@ class SelectConfig(_Strict):
         gt=0,
         le=1,
         description="a candidate sampled with part of a solution as its hint is dropped "
-        "(`copies_hint`) when more than this share of its words' 3-grams are the hint's or "
-        "it adds fewer than 3 words of its own",
+        "(`copies_hint`) when more than this share of its words lie in word 3-grams of the "
+        "hint",
     )
     min_test_strength: float | None = Field(
         None,
