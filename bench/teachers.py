@@ -11,7 +11,9 @@ each, the share nobody solved in the taught run, and the teacher's share of the 
 examples and their tokens; then the last models' paired difference with its 95 %
 interval (`taught - plain`).
 
-    .venv/bin/python bench/teachers.py [--rounds 3] [--budget 512]
+    .venv/bin/python bench/teachers.py [--rounds 3] [--budget 512] [--dir DIR]
+
+Stopped, it goes on where it was when run again with the `--dir` it printed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ ALL_FAIL = """SELECT round, round(avg((kind = 'all_fail')::INT), 3) AS share
 
 
 def main() -> None:
-    parser = options(__doc__, rounds=3, budget=512, model=WORD_MODEL)
+    parser = options(__doc__, rounds=3, budget=512, model=WORD_MODEL, dir="")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import BootstrapConfig
@@ -46,7 +48,8 @@ def main() -> None:
     base = yaml.safe_load((ROOT / "configs" / "bootstrap-demo.yaml").read_text())
     base |= {"base_model": student, "max_rounds": args.rounds, "min_gain": -1.0,
              "patience": args.rounds}  # fmt: skip
-    tmp = Path(tempfile.mkdtemp(prefix="bench-teachers-"))
+    tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-teachers-"))
+    print(f"lakes under {tmp} (--dir {tmp} resumes)")
     results = {}
     for name in ("plain", "taught"):
         raw = base | {"name": name}
@@ -88,7 +91,6 @@ def main() -> None:
     row = diff.filter(diff["task"] == "all").to_dicts()[0]
     print(f"\nlast models, taught - plain: {row['difference']:+.3f} [{row['low']:+.3f}, "
           f"{row['high']:+.3f}] on {row['prompts']} held-out prompts")  # fmt: skip
-    print(f"lakes: {tmp}")
 
 
 def _share(rows: list[dict], column: str) -> str:

@@ -189,7 +189,7 @@ def _solution_hints(lake, plan, section, batch, unsolved, before_engine) -> Samp
     from an earlier round), each with its first part as the hint; at most `hints.prompts`
     prompts a round."""
     hints = section.hints
-    solutions = passing_solutions(lake, sorted(unsolved), plan.rule, plan.digests)
+    solutions = passing_solutions(lake, sorted(unsolved), plan.round, plan.rule, plan.digests)
     params = {**plan.params, "hint": hints.template, "hint_share": hints.share}
     batch_id = content_id("hint-batch", plan.batch_id(batch), SOLUTION_HINT)
     room = hints.prompts * hints.k - sampled_by(lake, plan.run_id, SOLUTION_HINT, batch_id)

@@ -175,7 +175,8 @@ WITH judged AS (
            max(v.answer) AS answer, {{passed}} AS passed
     FROM candidates c JOIN wanted USING (prompt_id)
     JOIN {{verdicts}} v ON v.candidate_id = c.candidate_id
-    WHERE {SOURCE_SQL} = '{STUDENT}' OR {SOURCE_SQL} LIKE '{TEACHER}%'
+    WHERE ({SOURCE_SQL} = '{STUDENT}' OR {SOURCE_SQL} LIKE '{TEACHER}%')
+      AND c.round <= {{up_to}}
     GROUP BY ALL)
 SELECT prompt_id, text, answer, source FROM judged WHERE passed
 QUALIFY row_number() OVER (PARTITION BY prompt_id ORDER BY length(text), candidate_id) = 1"""
@@ -191,11 +192,13 @@ def student_pass_rates(
 
 
 def passing_solutions(
-    lake: Lake, prompt_ids: list[str], rule: str | None = None, used: dict | None = None
+    lake: Lake, prompt_ids: list[str], up_to: int, rule: str | None = None, used: dict | None = None
 ) -> dict[str, dict]:
     """prompt_id -> a verified solution of it (text, final answer, source): a passing
-    candidate of a teacher or of the student's own, any round, the shortest first."""
-    rows = _judged(lake, SOLUTIONS_SQL, ("wanted", "prompt_id", prompt_ids), rule, used)
+    candidate of a teacher or of the student's own from round `up_to` or before (a resumed
+    round reads no later round's), the shortest first."""
+    sql = SOLUTIONS_SQL.replace("{up_to}", str(int(up_to)))
+    rows = _judged(lake, sql, ("wanted", "prompt_id", prompt_ids), rule, used)
     return {r[0]: {"text": r[1], "answer": r[2], "source": r[3]} for r in rows}
 
 

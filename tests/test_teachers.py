@@ -298,3 +298,23 @@ def test_a_teacher_config_says_what_it_samples_and_its_ids_say_who():
         TeacherConfig(name="t", model="m", k=4, budget=3)
     with pytest.raises(ValueError, match="differ"):
         CurateConfig(**cfg.model_dump() | {"teachers": [cfg.teachers[0]] * 2})
+
+
+def test_a_resumed_round_takes_no_solution_from_a_later_round(lake):
+    from thresher.stores.queries import passing_solutions
+
+    ids = _candidates(lake, 0, [("p1", "teacher:big", True), ("p2", "student", False)])
+    ids += _candidates(lake, 1, [("p2", "student", True)], pipeline="q")
+    verdicts = pl.DataFrame(
+        [
+            (c, "math", 1.0, ok, "", 1.0, "7")
+            for c, ok in zip(ids, [True, False, True], strict=True)
+        ],
+        schema=VERDICT_COLUMNS,
+        orient="row",
+    )
+    write_verdicts(lake, verdicts, "d", "r")
+    # round 0 (or its rerun after round 1 exists): only p1, the teacher's of round 0
+    assert set(passing_solutions(lake, ["p1", "p2"], 0, None, {"math": "d"})) == {"p1"}
+    later = passing_solutions(lake, ["p1", "p2"], 1, None, {"math": "d"})
+    assert later["p2"]["source"] == "student" and later["p1"]["answer"] == "7"
