@@ -560,9 +560,9 @@ def _frontier_section(lake: Lake, name: str | None, out: Path) -> list[str]:
 
 def _sources_parts(lake: Lake, name: str | None) -> list[str]:
     """Per round: kept examples and tokens per source, and the prompts by class (shown when
-    a teacher or a hint took part)."""
+    a teacher took part)."""
     sources = sources_by_round(lake, name)
-    if sources.is_empty() or sources["source"].n_unique() < 2:
+    if not sources["source"].str.starts_with("teacher:").any() if not sources.is_empty() else True:
         return []
     return [
         "<h3>Sources</h3>",
@@ -713,6 +713,18 @@ def _cell(value) -> str:
     return html.escape(str(value))
 
 
+def _shown_funnel(funnel: pl.DataFrame) -> pl.DataFrame:
+    """The funnel as the page shows it: the counts of teachers and hints only where one
+    took part (the table stays within the page)."""
+    quiet = [c for c in SOURCE_COUNTS if c in funnel.columns and not funnel[c].sum()]
+    if "taught" in funnel.columns and not funnel["taught"].sum():
+        quiet.append("kept_tokens")
+    return funnel.drop(quiet)
+
+
+SOURCE_COUNTS = ("copies_hint", "teacher_share", "taught", "kept_teacher", "kept_teacher_tokens")
+
+
 def _html_table(df: pl.DataFrame) -> str:
     # a long column name may break after its underscores; a table wider than the page
     # scrolls inside its own box instead of being cut at the page's edge
@@ -785,7 +797,9 @@ def _page(
         *_tools_section(evals, out),
         *_mix_section(lake, name),
         "<h2>Funnel</h2>",
-        _html_table(funnel) if not funnel.is_empty() else '<p class="note">No curated rounds.</p>',
+        _html_table(_shown_funnel(funnel))
+        if not funnel.is_empty()
+        else '<p class="note">No curated rounds.</p>',
         *_signal_section(lake, name),
         *_forgetting_section(lake, name),
         *_test_section(lake, name),
