@@ -253,12 +253,7 @@ class Capped(Rule):
 
     def apply(self, rows: list[dict], ctx: Context) -> None:
         for group in ctx.by_prompt.values():
-            kept = alive(group)
-            if len(kept) <= ctx.spec.cap:
-                continue
-            if ctx.spec.policy == "diverse":
-                ctx.sign(kept)
-            for r in _rank(kept, ctx.spec)[ctx.spec.cap :]:
+            for r in beyond(alive(group), ctx.spec.cap, ctx):
                 self.drop(r)
 
 
@@ -304,11 +299,7 @@ class TeacherCap(Rule):
     def apply(self, rows: list[dict], ctx: Context) -> None:
         for group in ctx.by_prompt.values():
             taught = [r for r in alive(group) if is_teacher(r)]
-            if len(taught) <= ctx.spec.teacher_cap:
-                continue
-            if ctx.spec.policy == "diverse":
-                ctx.sign(taught)
-            for r in _rank(taught, ctx.spec)[ctx.spec.teacher_cap :]:
+            for r in beyond(taught, ctx.spec.teacher_cap, ctx):
                 self.drop(r)
 
 
@@ -323,6 +314,15 @@ class TeacherShare(Rule):
         taught = [r for r in kept if is_teacher(r)]
         for r in taught[allowed(ctx.spec.max_teacher_share, len(kept) - len(taught)) :]:
             self.drop(r)
+
+
+def beyond(rows: list[dict], cap: int, ctx: Context) -> list[dict]:
+    """Of one prompt's rows, those past the first `cap` as `policy` ranks them."""
+    if len(rows) <= cap:
+        return []
+    if ctx.spec.policy == "diverse":
+        ctx.sign(rows)
+    return _rank(rows, ctx.spec)[cap:]
 
 
 def is_teacher(row: dict) -> bool:
