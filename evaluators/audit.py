@@ -168,6 +168,16 @@ def check_round(
     return GateResult(ok, lines)
 
 
+def flag_rows(lake: Lake, view: str, order: str, round_: int | None = None) -> pl.DataFrame:
+    """The rows of a flag view (`contamination`, `suspect_references`), of one round or all."""
+    if view not in ("contamination", "suspect_references"):
+        raise ValueError(f"{view} is not a flag view")
+    return lake.query(
+        f"SELECT * FROM {view} WHERE $round IS NULL OR round = $round ORDER BY {order}",
+        {"round": round_},
+    )
+
+
 def latest_round(lake: Lake, name: str | None = None) -> int:
     """The latest round the pipeline (default: any pipeline) curated."""
     found = latest_curated_round(lake, name)

@@ -23,10 +23,15 @@ import polars as pl
 from thresher.evaluators.audit import RULE, resolve_pipeline
 from thresher.ids import seeded_key
 from thresher.stores.lake import SELECTION_VERDICTS_SQL, Lake
+from thresher.stores.queries import current_selection_id, suspect_flags
 
 # Strata that are rare and where verifiers go wrong first; every other candidate falls
 # in the stratum of its verdicts (passed/failed) and whether it was kept.
 DISAGREE, TRUNCATED, HINTED = "verifiers disagree", "cut at max_tokens", "hinted"
+# Candidates of prompts whose samples agree on another answer than the reference: every
+# such prompt is on the sheet, so a person can say whether its reference is right.
+SUSPECT = "suspect reference"
+REFERENCE_COLUMNS = ("agreed_answer", "reference_label", "right_answer")
 
 
 # Each candidate of a selection with its prompt and the latest verdict of each verifier
@@ -52,6 +57,11 @@ ORDER BY s.prompt_id, hinted, c.sample_idx
 def round_candidates(lake: Lake, round_: int, name: str | None) -> pl.DataFrame:
     """The pipeline's candidates of one round with prompt, reference, verdicts and stratum."""
     rows = lake.query(CANDIDATE_VERDICTS_SQL, {"round": round_, "pipeline": name})
+    sid = current_selection_id(lake, name, round_)
+    flags = suspect_flags(lake, sid) if sid else {}
+    rows = rows.with_columns(
+        pl.Series("agreed_answer", [flags.get(p) for p in rows["prompt_id"].to_list()], pl.String)
+    )
     return rows.with_columns(
         pl.Series("stratum", [stratum(r) for r in rows.iter_rows(named=True)], pl.String)
     )
@@ -59,6 +69,8 @@ def round_candidates(lake: Lake, round_: int, name: str | None) -> pl.DataFrame:
 
 def stratum(row: dict) -> str:
     """The stratum a candidate is drawn from: the rarest thing about it first."""
+    if row.get("agreed_answer") is not None:
+        return SUSPECT
     verdicts = row["verdicts"] or []
     if len({v["passed"] for v in verdicts}) > 1:
         return DISAGREE
@@ -104,7 +116,25 @@ def draw_sample(candidates: pl.DataFrame, n: int, seed: int = 0) -> pl.DataFrame
             parts.append(part.with_columns(stratum_size=sizes[s], weight=sizes[s] / k))
     if not parts:
         return candidates.clear()
-    return pl.concat(parts).drop("_k").sort("prompt_id", "hinted", "sample_idx")
+    sample = pl.concat(parts)
+    missing = keyed.filter(
+        (pl.col("stratum") == SUSPECT) & ~pl.col("prompt_id").is_in(sample["prompt_id"])
+    )
+    if missing.height:  # every suspect prompt is on the sheet, once at least
+        extra = missing.sort("_k").unique("prompt_id", keep="first", maintain_order=True)
+        sample = pl.concat([sample, extra.with_columns(stratum_size=0, weight=0.0)])
+        taken = sample.filter(pl.col("stratum") == SUSPECT).height
+        sample = sample.with_columns(
+            pl.when(pl.col("stratum") == SUSPECT)
+            .then(pl.lit(sizes[SUSPECT] / taken))
+            .otherwise(pl.col("weight"))
+            .alias("weight"),
+            pl.when(pl.col("stratum") == SUSPECT)
+            .then(pl.lit(sizes[SUSPECT]))
+            .otherwise(pl.col("stratum_size"))
+            .alias("stratum_size"),
+        )
+    return sample.drop("_k").sort("prompt_id", "hinted", "sample_idx")
 
 
 def prompt_text(prompt: str | None, messages: str | None) -> str:
@@ -156,10 +186,12 @@ def sheet_rows(sample: pl.DataFrame, sheet_id: str) -> tuple[list[str], list[dic
     turns as JSON), then the columns a labeller fills."""
     verifiers = sorted({v["verifier"] for vs in sample["verdicts"].to_list() if vs for v in vs})
     tools = "segments" in sample.columns and sample["segments"].is_not_null().any()
+    suspects = "agreed_answer" in sample.columns and sample["agreed_answer"].is_not_null().any()
     columns = [*SHEET_COLUMNS, RULE, *(["segments"] if tools else [])]
     for v in verifiers:
         columns += [v, f"{v}_reason"]
     columns += LABEL_COLUMNS
+    columns += REFERENCE_COLUMNS if suspects else ()
     out = []
     for r in sample.iter_rows(named=True):
         row = {
@@ -179,7 +211,8 @@ def sheet_rows(sample: pl.DataFrame, sheet_id: str) -> tuple[list[str], list[dic
             "drop_reason": r["drop_reason"],
             RULE: "pass" if r["rule_passed"] else "fail",
             "segments": r.get("segments") or "",
-            **dict.fromkeys(LABEL_COLUMNS, ""),
+            **dict.fromkeys(LABEL_COLUMNS + REFERENCE_COLUMNS, ""),
+            "agreed_answer": r.get("agreed_answer") or "",
         }
         for v in r["verdicts"] or []:
             row[v["verifier"]] = "pass" if v["passed"] else "fail"
@@ -250,9 +283,12 @@ function state() {
   const out = {who: document.getElementById('who').value, labels: {}};
   for (const r of rows()) {
     const id = r.dataset.id;
-    const chosen = r.querySelector('input[type=radio]:checked');
+    const chosen = r.querySelector('input.cand:checked');
     const note = r.querySelector('input.note').value;
-    if (chosen || note) out.labels[id] = {label: chosen ? chosen.value : '', note: note,
+    const ref = r.querySelector('input.ref:checked');
+    const right = r.querySelector('input.right');
+    if (chosen || note || ref) out.labels[id] = {label: chosen ? chosen.value : '', note: note,
+      ref: ref ? ref.value : '', right: right ? right.value : '',
       at: (saved.labels && saved.labels[id] && saved.labels[id].at) || ''};
   }
   return out;
@@ -260,7 +296,7 @@ function state() {
 function refresh() {
   let n = 0;
   for (const r of rows()) {
-    const done = !!r.querySelector('input[type=radio]:checked');
+    const done = !!r.querySelector('input.cand:checked, input.ref:checked');
     r.classList.toggle('labelled', done);
     n += done;
   }
@@ -284,8 +320,10 @@ function exportCsv() {
   const lines = [SHEET.columns.map(cell).join(',')];
   for (const row of SHEET.rows) {
     const got = s.labels[row.candidate_id] || {};
+    const done = got.label || got.ref;
     const filled = Object.assign({}, row, {label: got.label || '', note: got.note || '',
-      who: got.label ? s.who : '', labelled_at: got.label ? got.at || '' : ''});
+      reference_label: got.ref || '', right_answer: got.ref === 'wrong' ? got.right || '' : '',
+      who: done ? s.who : '', labelled_at: done ? got.at || '' : ''});
     lines.push(SHEET.columns.map(c => cell(filled[c])).join(','));
   }
   const blob = new Blob([lines.join('\\n') + '\\n'], {type: 'text/csv'});
@@ -298,12 +336,17 @@ document.getElementById('who').value = saved.who || '';
 for (const r of rows()) {
   const got = (saved.labels || {})[r.dataset.id];
   if (got) {
-    if (got.label) r.querySelector('input[value=' + got.label + ']').checked = true;
+    if (got.label) r.querySelector('input.cand[value=' + got.label + ']').checked = true;
+    if (got.ref) r.querySelector('input.ref[value=' + got.ref + ']').checked = true;
+    const right = r.querySelector('input.right');
+    if (got.right && right) right.value = got.right;
     r.querySelector('input.note').value = got.note || '';
   }
 }
 document.addEventListener('change', save);
-document.addEventListener('input', e => { if (e.target.matches('input.note, #who')) save(e); });
+document.addEventListener('input', e => {
+  if (e.target.matches('input.note, input.right, #who')) save(e);
+});
 document.getElementById('export').addEventListener('click', exportCsv);
 refresh();
 """
@@ -340,13 +383,28 @@ def _candidate_html(row: dict) -> str:
     return "".join(parts)
 
 
+def _reference_html(row: dict) -> str:
+    """For a prompt whose samples agree on another answer: is its reference right?"""
+    if not row.get("agreed_answer"):
+        return ""
+    e, cid = html.escape, html.escape(row["candidate_id"])
+    return (
+        f'<div class="choice suspect">The samples agree on <b>{e(row["agreed_answer"])}</b>, '
+        f"the reference says <b>{e(str(row['reference']))}</b>. Is the reference right? "
+        f'<label><input class="ref" type="radio" name="ref-{cid}" value="right"> right</label>'
+        f'<label><input class="ref" type="radio" name="ref-{cid}" value="wrong"> wrong, '
+        f"the right answer is</label>"
+        f'<input class="right" type="text" placeholder="the right answer"></div>'
+    )
+
+
 def sheet_html(
     title: str, sheet_id: str, columns: list[str], rows: list[dict], csv_name: str
 ) -> str:
     """The audit sheet page: a card per candidate with a correct/incorrect choice and a
     note, kept in the browser's storage, and a button that exports the CSV to import."""
     e = html.escape
-    fixed = (*SHEET_COLUMNS, *LABEL_COLUMNS, RULE, "segments")
+    fixed = (*SHEET_COLUMNS, *LABEL_COLUMNS, *REFERENCE_COLUMNS, RULE, "segments")
     verifiers = [c for c in columns if c not in fixed]
     verifiers = [c for c in verifiers if not c.endswith("_reason")]
     cards = []
@@ -372,10 +430,12 @@ def sheet_html(
             f"<div><b>Candidate</b>{_candidate_html(r)}</div>"
             f'<table class="verdicts">{verdicts}</table>'
             f'<div class="choice">Is the candidate\'s answer correct? '
-            f'<label><input type="radio" name="label-{cid}" value="correct"> correct</label>'
-            f'<label><input type="radio" name="label-{cid}" value="incorrect"> incorrect'
-            f"</label>"
+            f'<label><input class="cand" type="radio" name="label-{cid}" value="correct"> '
+            f"correct</label>"
+            f'<label><input class="cand" type="radio" name="label-{cid}" value="incorrect"> '
+            f"incorrect</label>"
             f'<input class="note" type="text" placeholder="note (optional)"></div>'
+            f"{_reference_html(r)}"
             "</div>"
         )
     data = {

@@ -1,4 +1,6 @@
-"""Import human labels of candidates (an audit sheet's CSV) into the `labels` table.
+"""Import human labels of candidates (an audit sheet's CSV) into the `labels` table, and
+labels of prompts' references (its `reference_label` and `right_answer` columns, filled
+for suspect references) into `reference_labels`.
 
 A row with an empty label is skipped; a row whose label or candidate cannot be read goes
 to `rejects` with its reason. A label is identified by its candidate, who gave it, the
@@ -17,8 +19,13 @@ from pathlib import Path
 from thresher.ids import content_id
 from thresher.ingest.load import read_csv
 from thresher.stores.lake import Lake, now
-from thresher.stores.queries import existing_candidates
-from thresher.stores.tables import reject_row, write_labels, write_rejects
+from thresher.stores.queries import existing_candidates, existing_prompts
+from thresher.stores.tables import (
+    reject_row,
+    write_labels,
+    write_reference_labels,
+    write_rejects,
+)
 
 LABELS = {
     "correct": "correct",
@@ -51,8 +58,13 @@ class LabelImport:
     imported: int = 0
     already: int = 0
     unlabelled: int = 0
+    references: int = 0  # reference labels imported
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
+
+
+REFERENCE_LABELS = {"right": "right", "correct": "right", "yes": "right", "wrong": "wrong",
+                    "incorrect": "wrong", "no": "wrong"}  # fmt: skip
 
 
 def normalise_label(value: str | None) -> str | None:
@@ -98,7 +110,10 @@ def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> Label
     known = existing_candidates(
         lake, [r.record["candidate_id"] for r in rows if r.record and r.record["candidate_id"]]
     )
-    labels, rejects = [], []
+    prompts = existing_prompts(
+        lake, [r.record["prompt_id"] for r in rows if r.record and r.record.get("prompt_id")]
+    )
+    labels, rejects, references = [], [], []
 
     def reject(line: int, raw: str, reason: str) -> None:
         report.rejected += 1
@@ -111,8 +126,15 @@ def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> Label
             reject(row.line, row.raw, row.error)
             continue
         rec = row.record
+        person = (rec.get("who") or "").strip() or fallback_who
+        if (rec.get("reference_label") or "").strip():
+            ref = reference_label(rec, person, source, row.line, stamp, prompts)
+            if isinstance(ref, str):
+                reject(row.line, row.raw, ref)
+                continue
+            references.append(ref)
         if not (rec.get("label") or "").strip():
-            report.unlabelled += 1
+            report.unlabelled += not (rec.get("reference_label") or "").strip()
             continue
         label = normalise_label(rec["label"])
         cid = rec.get("candidate_id")
@@ -122,7 +144,6 @@ def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> Label
         if not cid or cid not in known:
             reject(row.line, row.raw, f"candidate_id {cid!r} is not in the lake")
             continue
-        person = (rec.get("who") or "").strip() or fallback_who
         note = (rec.get("note") or "").strip() or None
         labels.append(
             {
@@ -137,7 +158,38 @@ def import_labels(lake: Lake, path: str | Path, who: str | None = None) -> Label
                 "labelled_at": _when(rec.get("labelled_at"), stamp),
             }
         )
+    report.references = write_reference_labels(lake, references)
     report.imported = write_labels(lake, labels)
     report.already = len(labels) - report.imported
     write_rejects(lake, rejects)
     return report
+
+
+def reference_label(
+    rec: dict, who: str, source: str, line: int, stamp: datetime, prompts: dict[str, dict]
+) -> dict | str:
+    """The `reference_labels` row of a sheet row's reference_label (right, or wrong with
+    right_answer), or why it cannot be read."""
+    label = REFERENCE_LABELS.get(rec["reference_label"].strip().lower().rstrip("."))
+    pid = rec.get("prompt_id")
+    answer = (rec.get("right_answer") or "").strip() or None
+    if label is None:
+        return f"reference_label {rec['reference_label']!r} is not right or wrong"
+    if not pid or pid not in prompts:
+        return f"prompt_id {pid!r} is not in the lake"
+    if label == "wrong" and answer is None:
+        return "reference_label wrong needs the right answer in right_answer"
+    note = (rec.get("note") or "").strip() or None
+    return {
+        "label_id": content_id("reference-label", pid, who, label, answer, note),
+        "prompt_id": pid,
+        "label": label,
+        "answer": answer if label == "wrong" else None,
+        "reference": prompts[pid]["answer"],
+        "who": who,
+        "note": note,
+        "sheet_id": rec.get("sheet_id"),
+        "source": source,
+        "line": line,
+        "labelled_at": _when(rec.get("labelled_at"), stamp),
+    }

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from thresher.answers import answer_key
 from thresher.selection.minhash import signatures
 
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -44,6 +45,7 @@ class EvalIndex:
     grams: dict[bytes, str] = field(default_factory=dict)  # n-gram -> eval item id
     ids: list[str] = field(default_factory=list)
     sigs: np.ndarray | None = None
+    semantic: SemanticIndex | None = None  # reworded items (select.decontaminate.semantic)
 
     def add(self, items: Iterable[tuple[str, str]]) -> EvalIndex:
         """Index (item id, text) pairs."""
@@ -109,3 +111,100 @@ def file_items(path: str | Path) -> list[tuple[str, str]]:
                 continue
             items.append((f"{path.name}:{line_no}", text))
     return items
+
+
+# -- reworded items: close in meaning, and the evidence agrees ---------------------------
+
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
+_QUOTED = re.compile(r"[\"“]([^\"”]{1,80})[\"”]|(?<!\w)'([^']{1,80})'(?!\w)")
+
+
+def numbers(text: str) -> tuple[str, ...]:
+    """The numbers in a text, as a sorted multiset of their values ("1,000" is "1000")."""
+    return tuple(sorted(answer_key(m) or m for m in _NUMBER.findall(text or "")))
+
+
+def quoted(text: str) -> tuple[str, ...]:
+    """The quoted strings in a text (lower-cased, sorted, each once): the words a letter is
+    counted in, a name asked about."""
+    found = {(a or b).strip().lower() for a, b in _QUOTED.findall(text or "")}
+    return tuple(sorted(found - {""}))
+
+
+def agreement(
+    text: str, other: str, reference: str | None, other_reference: str | None,
+    similarity: float, same_answer_similarity: float,
+) -> str | None:  # fmt: skip
+    """What two texts close in meaning agree on, making one the other reworded ("numbers
+    4 5", "quoted ...", "answer 9"), or None: their references differ, their numbers or
+    quoted strings differ, or neither holds any and they are not alike enough to count on
+    a shared answer alone."""
+    key, other_key = answer_key(reference), answer_key(other_reference)
+    if key is not None and other_key is not None and key != other_key:
+        return None
+    nums, other_nums = numbers(text), numbers(other)
+    if nums or other_nums:
+        return f"numbers {' '.join(nums)}" if nums == other_nums else None
+    names, other_names = quoted(text), quoted(other)
+    if names or other_names:
+        return f"quoted {' | '.join(names)}" if names == other_names else None
+    if key is not None and key == other_key and similarity >= same_answer_similarity:
+        return f"answer {key}"
+    return None
+
+
+def nearest(
+    queries: np.ndarray, items: np.ndarray, n: int, block: int = 8192
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `n` items most similar to each query (unit vectors: cosine = dot product), as
+    (indices, similarities), best first: an exact search in blocks of items, so memory
+    stays at queries x block."""
+    m = len(queries)
+    n = min(n, len(items))
+    best_i = np.zeros((m, 0), dtype=np.int64)
+    best_s = np.zeros((m, 0), dtype=np.float32)
+    for start in range(0, len(items), block):
+        sims = queries @ items[start : start + block].T
+        take = min(n, sims.shape[1])
+        part = np.argpartition(-sims, take - 1, axis=1)[:, :take]
+        cand_s = np.concatenate([best_s, np.take_along_axis(sims, part, axis=1)], axis=1)
+        cand_i = np.concatenate([best_i, part + start], axis=1)
+        order = np.argsort(-cand_s, axis=1, kind="stable")[:, :n]
+        best_s = np.take_along_axis(cand_s, order, axis=1)
+        best_i = np.take_along_axis(cand_i, order, axis=1)
+    return best_i, best_s
+
+
+@dataclass
+class SemanticIndex:
+    """Evaluation items by sentence embedding, with what a reworded copy must agree on."""
+
+    ids: list[str]
+    texts: list[str]
+    references: list[str | None]
+    vectors: np.ndarray  # unit length, one row per item
+    embed: Callable[[list[str]], np.ndarray]  # texts -> unit vectors, same model
+    min_similarity: float = 0.6
+    same_answer_similarity: float = 0.9
+    neighbours: int = 20
+
+    def match(self, texts: list[str], references: list[str | None]) -> list[dict | None]:
+        """For each text, the evidence that it rewords an evaluation item (eval_prompt_id,
+        similarity, agreed), else None."""
+        out: list[dict | None] = [None] * len(texts)
+        if not texts or not self.ids:
+            return out
+        idx, sims = nearest(self.embed(texts), self.vectors, self.neighbours)
+        for q, text in enumerate(texts):
+            for j, sim in zip(idx[q], sims[q], strict=True):
+                if sim < self.min_similarity:
+                    break
+                agreed = agreement(
+                    text, self.texts[j], references[q], self.references[j],
+                    float(sim), self.same_answer_similarity,
+                )  # fmt: skip
+                if agreed is not None:
+                    out[q] = {"eval_prompt_id": self.ids[j], "similarity": round(float(sim), 4),
+                              "agreed": agreed}  # fmt: skip
+                    break
+        return out

@@ -10,6 +10,7 @@ rows they are given and their `Context`.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -18,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from thresher.answers import answer_key
-from thresher.config import SelectConfig
+from thresher.config import SelectConfig, SuspectConfig
 from thresher.hints import copied_share
 from thresher.ids import seeded_key
 from thresher.plan import RoundPlan
 from thresher.selection.minhash import near_duplicates, signatures
 from thresher.stores.lake import Lake
 from thresher.stores.queries import (
+    answer_votes,
     kept_texts,
     prompt_kill_rates,
     reference_answers,
@@ -32,7 +34,7 @@ from thresher.stores.queries import (
     selection_inputs,
 )
 from thresher.stores.schemas import TEACHER, DropReason
-from thresher.stores.tables import write_selections
+from thresher.stores.tables import write_evidence, write_selections
 
 
 def normalised_hash(text: str, lowercase: bool) -> str:
@@ -66,7 +68,9 @@ class Context:
     max_hinted_share: float | None = None
     kill_rates: dict[str, float | None] | None = None  # prompt -> its tests' kill rate
     reference_shares: dict[str, dict[str, float]] | None = None  # task -> answer -> share
+    suspects: dict[str, dict] | None = None  # prompt -> why its reference looks wrong
     sigs: dict[str, np.ndarray] = field(default_factory=dict)  # candidate_id -> signature
+    evidence: list[dict] = field(default_factory=list)  # what the flags rest on (`evidence`)
 
     def sign(self, rows: list[dict]) -> None:
         """Set each row's `sig`, its text's MinHash signature (computed once per batch)."""
@@ -192,15 +196,71 @@ class Contaminated(Rule):
 
     def apply(self, rows: list[dict], ctx: Context) -> None:
         kept = alive(rows)
-        prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in kept}
+        # every prompt of the batch is checked, so the evidence lists each reworded item
+        # whether or not a candidate of it passed
+        prompt_text = {r["prompt_id"]: r["prompt"] or r["messages"] or "" for r in rows}
         pids = list(prompt_text)
         prompt_hits = ctx.eval_index.match([prompt_text[p] for p in pids])
         by_prompt = dict(zip(pids, prompt_hits, strict=True))
+        semantic = ctx.eval_index.semantic
+        if semantic is not None:
+            todo = [p for p in pids if by_prompt[p] is None]
+            refs = {r["prompt_id"]: r["reference"] for r in rows}
+            found = semantic.match([prompt_text[p] for p in todo], [refs[p] for p in todo])
+            for p, ev in zip(todo, found, strict=True):
+                if ev is not None:
+                    by_prompt[p] = f"reworded:{ev['eval_prompt_id']}"
+                    ctx.evidence.append({"prompt_id": p, "kind": "reworded", **ev})
         text_hits = ctx.eval_index.match([r["text"] for r in kept])
         for r, hit in zip(kept, text_hits, strict=True):
             hit = by_prompt[r["prompt_id"]] or hit
             if hit is not None:
                 self.drop(r, hit)
+
+
+class SuspectReference(Rule):
+    """Its prompt's samples agree on another answer than its reference (`select.suspects`),
+    and no one has labelled that reference right since."""
+
+    reason = DropReason.suspect_reference
+    column = "suspect_reference"
+
+    def on(self, ctx: Context) -> bool:
+        return bool(ctx.suspects)
+
+    def apply(self, rows: list[dict], ctx: Context) -> None:
+        for p, flag in ctx.suspects.items():
+            ctx.evidence.append({"prompt_id": p, "kind": "suspect_reference",
+                                 "eval_prompt_id": "", **flag})  # fmt: skip
+            for r in ctx.by_prompt.get(p, []):
+                self.drop(r, str(flag["agreed"])[:60])
+
+
+def suspect_references(votes: list[dict], spec: SuspectConfig) -> dict[str, dict]:
+    """prompt -> the evidence that its reference is wrong, from its samples' final answers
+    (rows of prompt_id, reference as judged, label, answer, model): at least
+    `min_samples` answers, one answer not the reference given by `min_share` of them and
+    the reference by at most `max_reference_share`; a reference labelled right is not
+    suspect."""
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for v in votes:
+        by_prompt[v["prompt_id"]].append(v)
+    out = {}
+    for p, group in by_prompt.items():
+        first = group[0]
+        reference = answer_key(first["judged_by"])
+        if first["label"] == "right" or reference is None or len(group) < spec.min_samples:
+            continue
+        counts = Counter(answer_key(v["answer"]) for v in group)
+        agreed, n = max(counts.items(), key=lambda kv: (kv[1], kv[0] or ""))
+        share, ref_share = n / len(group), counts.get(reference, 0) / len(group)
+        if agreed == reference or share < spec.min_share or ref_share > spec.max_reference_share:
+            continue
+        models = Counter(v["model"] for v in group if answer_key(v["answer"]) == agreed)
+        out[p] = {"agreed": agreed, "share": round(share, 4), "samples": len(group),
+                  "reference_share": round(ref_share, 4), "reference": first["judged_by"],
+                  "models": json.dumps(dict(sorted(models.items())))}  # fmt: skip
+    return out
 
 
 class Duplicate(Rule):
@@ -344,6 +404,7 @@ RULES: tuple[Rule, ...] = (
     WeakTests(),
     TooEasy(),
     Contaminated(),
+    SuspectReference(),
     Duplicate(),
     NearDuplicate(),
     TeacherCap(),
@@ -366,8 +427,10 @@ def decide(
     max_hinted_share: float | None = None,
     kill_rates: dict[str, float | None] | None = None,
     reference_shares: dict[str, dict[str, float]] | None = None,
-) -> None:
-    """Set `reason` (None = kept) on each row dict of one batch, in place, by `RULES`.
+    suspects: dict[str, dict] | None = None,
+) -> list[dict]:
+    """Set `reason` (None = kept) on each row dict of one batch, in place, by `RULES`;
+    returns the evidence of its flags (reworded eval items, suspect references).
 
     Rows must be ordered by prompt, then unhinted before hinted, then sample index.
     `kept_before` holds (candidate_id, signature) of candidates kept in earlier batches,
@@ -375,18 +438,21 @@ def decide(
     overlaps with evaluation items; `max_hinted_share` caps the hinted share of what is
     kept; `kill_rates` (prompt -> its tests' kill rate) decide `min_test_strength`;
     `reference_shares` (task -> answer key -> share of the round's references) bound what
-    `answer_balance` keeps of each answer.
+    `answer_balance` keeps of each answer; `suspects` (prompt -> evidence) are the prompts
+    whose references look wrong.
     """
     by_prompt: dict[str, list[dict]] = {}
     for r in rows:
         r["reason"] = None
         by_prompt.setdefault(r["prompt_id"], []).append(r)
     ctx = Context(
-        spec, by_prompt, kept_before, eval_index, max_hinted_share, kill_rates, reference_shares
-    )
+        spec, by_prompt, kept_before, eval_index, max_hinted_share, kill_rates,
+        reference_shares, suspects,
+    )  # fmt: skip
     for rule in RULES:
         if rule.on(ctx):
             rule.apply(rows, ctx)
+    return ctx.evidence
 
 
 def balance_answers(rows: list[dict], shares: dict[str, float], margin: float) -> None:
@@ -480,8 +546,25 @@ def select_batch(
     )
     kill_rates = _kill_rates(lake, plan, settings, rows)
     shares = _reference_shares(lake, settings, rows)
-    decide(rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates, shares)
+    suspects = _suspects(lake, plan, settings, rows)
+    evidence = decide(
+        rows, settings, kept_before, eval_index, plan.max_hinted_share, kill_rates, shares,
+        suspects,
+    )  # fmt: skip
+    if evidence:  # before the selections: a batch whose selections are written is done
+        write_evidence(lake, plan.selection_id, plan.round, evidence, plan.run_id)
     return write_selections(lake, plan.selection_id, plan.round, rows, plan.run_id)
+
+
+def _suspects(
+    lake: Lake, plan: RoundPlan, spec: SelectConfig, rows: list[dict]
+) -> dict[str, dict] | None:
+    """The rows' prompts whose references look wrong, from the samples of this round and
+    earlier (None: `suspects` is off)."""
+    if not spec.suspects.enabled or not rows:
+        return None
+    votes = answer_votes(lake, sorted({r["prompt_id"] for r in rows}), plan.round)
+    return suspect_references(votes.to_dicts(), spec.suspects)
 
 
 def _kill_rates(

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thresher.config import DecontamConfig, SelectConfig
+import numpy as np
+
+from thresher.config import DecontamConfig, SelectConfig, SemanticConfig
 from thresher.ids import content_id
 from thresher.plan import Batch, RoundPlan
-from thresher.selection.decontam import EvalIndex, file_items
+from thresher.selection.decontam import EvalIndex, SemanticIndex, file_items
 from thresher.selection.select import normalised_hash, select_batch
 from thresher.stores.lake import Lake
-from thresher.stores.queries import eval_items, eval_prompt_count, selection_inputs
+from thresher.stores.queries import (
+    eval_answers,
+    eval_items,
+    eval_prompt_count,
+    selection_inputs,
+    stored_embeddings,
+)
+from thresher.stores.tables import write_embeddings
 
 _EVAL_INDEXES: dict[str, EvalIndex] = {}
 
@@ -32,11 +41,58 @@ def eval_index(lake: Lake, settings: DecontamConfig) -> EvalIndex | None:
     if key not in _EVAL_INDEXES:
         n = None if settings.exact else settings.ngram
         index = EvalIndex(n=n, minhash_threshold=settings.minhash_threshold)
-        index.add(eval_items(lake, settings.eval_datasets))
+        items = eval_items(lake, settings.eval_datasets)
+        index.add(items)
         for path in settings.files:
-            index.add(file_items(path))
+            more = file_items(path)
+            index.add(more)
+            items += more
+        if settings.semantic is not None:
+            index.semantic = semantic_index(lake, settings.semantic, items)
         _EVAL_INDEXES[key] = index
     return _EVAL_INDEXES[key]
+
+
+def embed_texts(lake: Lake, texts: list[str], model: str, batch_size: int = 64) -> np.ndarray:
+    """Unit-length embeddings of `texts` by `model`: those the lake holds are read, the
+    rest computed in batches and stored (`embeddings`)."""
+    from thresher.embeddings import encode, text_id  # local: torch only when asked
+
+    ids = [text_id(t) for t in texts]
+    known = {k: np.asarray(v, dtype=np.float32) for k, v in
+             stored_embeddings(lake, sorted(set(ids)), model).items()}  # fmt: skip
+    todo = {i: t for i, t in zip(ids, texts, strict=True) if i not in known}
+    if todo:
+        fresh = dict(zip(todo, encode(list(todo.values()), model, batch_size), strict=True))
+        write_embeddings(lake, model, [(i, v.tolist()) for i, v in fresh.items()])
+        known.update(fresh)
+    if not ids:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.vstack([known[i] for i in ids])
+
+
+def semantic_index(
+    lake: Lake, settings: SemanticConfig, items: list[tuple[str, str]]
+) -> SemanticIndex:
+    """The evaluation items `items` ((id, text)) by embedding, with their references, for
+    finding reworded copies of them (embeddings read from the lake or computed and stored)."""
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return embed_texts(lake, texts, settings.model, settings.batch_size)
+
+    ids = [i for i, _ in items]
+    texts = [t for _, t in items]
+    answers = eval_answers(lake, ids)
+    return SemanticIndex(
+        ids=ids,
+        texts=texts,
+        references=[answers.get(i) for i in ids],
+        vectors=embed(texts) if texts else np.zeros((0, 1), dtype=np.float32),
+        embed=embed,
+        min_similarity=settings.min_similarity,
+        same_answer_similarity=settings.same_answer_similarity,
+        neighbours=settings.neighbours,
+    )
 
 
 def run(lake: Lake, plan: RoundPlan, section: SelectConfig, batch: Batch) -> Selected:

@@ -130,6 +130,7 @@ FUNNEL_COUNTS_SQL = f"""
                count(*) FILTER (WHERE {DropReason.copies_hint.sql()}) AS copies_hint,
                count(*) FILTER (WHERE {DropReason.too_easy.sql()}) AS too_easy,
                count(*) FILTER (WHERE {DropReason.contaminated.sql()}) AS contaminated,
+               count(*) FILTER (WHERE {DropReason.suspect_reference.sql()}) AS suspect_reference,
                count(*) FILTER (WHERE {DropReason.duplicate_of.sql()}) AS duplicates,
                count(*) FILTER (WHERE {DropReason.capped.sql()}) AS capped,
                count(*) FILTER (WHERE {DropReason.hint_share.sql()}) AS hint_share,
@@ -314,8 +315,49 @@ WHERE json_extract_string(seg, '$.kind') = 'code'
   AND json_extract_string(out, '$.kind') = 'output'
 ORDER BY candidate_id, call"""
 
+# A prompt's latest label of its reference (`thresher audit import`).
+CURRENT_REFERENCE_LABELS_SQL = """
+        SELECT * FROM reference_labels
+        QUALIFY row_number() OVER (PARTITION BY prompt_id
+                                   ORDER BY labelled_at DESC, imported_at DESC, label_id) = 1"""
+
 DERIVED_VIEWS = {
     "current_selections": CURRENT_SELECTIONS_SQL,
+    "current_reference_labels": CURRENT_REFERENCE_LABELS_SQL,
+    # the answer verifiers judge a prompt by: its reference, or the right answer of its
+    # latest label when that says the reference is wrong
+    "prompt_references": """
+        SELECT p.prompt_id, p.answer AS reference,
+               CASE WHEN l.label = 'wrong' THEN l.answer ELSE p.answer END AS answer,
+               l.label
+        FROM prompts p LEFT JOIN current_reference_labels l USING (prompt_id)""",
+    # reworded evaluation items a selection found (selection.select.Contaminated): the two
+    # prompts, their references, how alike, what agreed, and the candidates dropped for it
+    "contamination": f"""
+        SELECT e.selection_id, e.round, e.prompt_id, e.eval_prompt_id, e.similarity, e.agreed,
+               coalesce(p.prompt, p.messages) AS prompt, coalesce(q.prompt, q.messages)
+                   AS eval_prompt, p.answer AS reference, q.answer AS eval_reference,
+               (SELECT count(*) FROM selections s
+                WHERE s.selection_id = e.selection_id AND s.prompt_id = e.prompt_id
+                  AND {DropReason.contaminated.sql()}) AS dropped
+        FROM evidence e LEFT JOIN prompts p ON p.prompt_id = e.prompt_id
+        LEFT JOIN prompts q ON q.prompt_id = e.eval_prompt_id
+        WHERE e.kind = 'reworded'""",
+    # prompts whose samples agree on another answer than their reference
+    # (selection.select.SuspectReference), the latest flag of each, and any label since
+    "suspect_references": f"""
+        SELECT e.prompt_id, p.dataset, p.task, coalesce(p.prompt, p.messages) AS prompt,
+               e.reference, e.agreed AS agreed_answer, e.share, e.reference_share, e.samples,
+               e.models, e.round, e.selection_id,
+               (SELECT count(*) FROM selections s
+                WHERE s.selection_id = e.selection_id AND s.prompt_id = e.prompt_id
+                  AND {DropReason.suspect_reference.sql()}) AS dropped,
+               l.label, l.answer AS labelled_answer, l.who AS labelled_by
+        FROM evidence e JOIN prompts p USING (prompt_id)
+        LEFT JOIN current_reference_labels l USING (prompt_id)
+        WHERE e.kind = 'suspect_reference'
+        QUALIFY row_number() OVER (PARTITION BY e.prompt_id
+                                   ORDER BY e.round DESC, e.created_at DESC) = 1""",
     # One row per candidate: passed when it has verdicts and every verifier passed it
     # (each verifier's latest verdict, whatever its options).
     "candidate_outcomes": f"""
@@ -487,7 +529,16 @@ class LegacyLake(RuntimeError):
 # Tables whose rows are few (prompts are few next to their candidates): an append also
 # skips rows whose key is in the table already. Other tables skip a batch by its id.
 ROW_DEDUP = frozenset(
-    {"prompts", "rejects", "train_metrics", "evals", "labels", "monitors", "test_strength"}
+    {
+        "prompts",
+        "rejects",
+        "train_metrics",
+        "evals",
+        "labels",
+        "monitors",
+        "test_strength",
+        "reference_labels",
+    }
 )
 SCHEMA_DIR = "_schemas"
 

@@ -251,8 +251,9 @@ def candidates_to_verify(
         _with_ids(con, "cands", "candidate_id", candidate_ids)
         return con.sql(
             """SELECT c.candidate_id, c.prompt_id, c.text, c.finish_reason, c.n_tokens,
-                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta, c.segments
+                      p.task, p.prompt, p.messages, r.answer, p.tests, p.meta, c.segments
                FROM candidates c JOIN cands USING (candidate_id) JOIN prompts p USING (prompt_id)
+               JOIN prompt_references r USING (prompt_id)
                WHERE NOT EXISTS (SELECT 1 FROM verdicts v
                                  WHERE v.candidate_id = c.candidate_id AND v.verifier = ?
                                    AND v.options_digest = ?)
@@ -282,8 +283,9 @@ def prompts_to_verify(
                SELECT b.candidate_id, b.prompt_id, b.text, b.finish_reason, b.n_tokens,
                       coalesce(b.hinted, false) AS hinted, b.missing, b.segments,
                       {SOURCE_SQL.replace("c.", "b.")} AS source,
-                      p.task, p.prompt, p.messages, p.answer, p.tests, p.meta
+                      p.task, p.prompt, p.messages, r.answer, p.tests, p.meta
                FROM batch b JOIN prompts p USING (prompt_id)
+               JOIN prompt_references r USING (prompt_id)
                WHERE b.prompt_id IN (SELECT prompt_id FROM batch WHERE missing)
                ORDER BY b.prompt_id, hinted, b.sample_idx, b.candidate_id""",
             params=[verifier, digest],
@@ -298,13 +300,14 @@ SELECTION_INPUTS_SQL = """
 SELECT cand.candidate_id, cand.prompt_id, cand.sample_idx, cand.text, cand.n_tokens,
        cand.finish_reason, coalesce(cand.hinted, false) AS hinted,
        {source} AS source, cand.hint, p.prompt, p.messages, p.tests IS NOT NULL AS has_tests,
-       p.task, p.answer AS reference, max(v.answer) AS answer,
+       p.task, r.answer AS reference, max(v.answer) AS answer,
        {passed} AS passed,
        coalesce(max(v.score) FILTER (WHERE list_contains($ranking, v.verifier)), avg(v.score))
            AS score
 FROM candidates cand
 JOIN cands USING (candidate_id)
 LEFT JOIN prompts p ON p.prompt_id = cand.prompt_id
+LEFT JOIN prompt_references r ON r.prompt_id = cand.prompt_id
 LEFT JOIN {verdicts} v ON v.candidate_id = cand.candidate_id
 GROUP BY ALL
 ORDER BY cand.prompt_id, hinted, cand.sample_idx, cand.candidate_id
@@ -518,6 +521,56 @@ def eval_items(lake: Lake, datasets: list[str] | None = None) -> list[tuple[str,
     return list(zip(rows["prompt_id"].to_list(), rows["text"].to_list(), strict=True))
 
 
+def eval_answers(lake: Lake, ids: list[str]) -> dict[str, str | None]:
+    """prompt_id -> reference answer of these (held-out) prompts."""
+    sql = "SELECT prompt_id, answer FROM prompts JOIN ids USING (prompt_id)"
+    return dict(_of_ids(lake, "prompt_id", ids, sql))
+
+
+def stored_embeddings(lake: Lake, text_ids: list[str], model: str) -> dict[str, list[float]]:
+    """text_id -> vector of the texts `model` embedded before."""
+    sql = (
+        "SELECT DISTINCT ON (text_id) text_id, vector FROM embeddings JOIN ids "
+        "USING (text_id) WHERE model = ?"
+    )
+    return dict(_of_ids(lake, "text_id", text_ids, sql, [model]))
+
+
+def _of_ids(
+    lake: Lake, column: str, ids: list[str], sql: str, params: list | None = None
+) -> list[tuple]:
+    """The rows of `sql` run beside the table `ids` (one `column`) holding these ids."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "ids", column, ids)
+        return con.sql(sql, params=params).fetchall()
+    finally:
+        con.close()
+
+
+def answer_votes(lake: Lake, prompt_ids: list[str], up_to_round: int) -> pl.DataFrame:
+    """Each final answer these prompts' samples gave (every model's and evaluation's of
+    rounds up to `up_to_round`, a teacher's too; none sampled with a hint): prompt_id,
+    reference (as verifiers judge it), label (of the reference, if any), answer, model."""
+    con = lake.connect()
+    try:
+        _with_ids(con, "ids", "prompt_id", prompt_ids)
+        return con.sql(
+            f"""SELECT c.prompt_id, any_value(r.reference) AS reference,
+                       any_value(r.answer) AS judged_by, any_value(r.label) AS label,
+                       max(v.answer) AS answer, any_value(c.model) AS model
+                FROM candidates c JOIN ids USING (prompt_id)
+                JOIN prompt_references r USING (prompt_id)
+                JOIN verdicts v USING (candidate_id)
+                WHERE c.round <= ? AND {SOURCE_SQL} NOT LIKE 'hint:%' AND v.answer IS NOT NULL
+                GROUP BY c.candidate_id, c.prompt_id
+                ORDER BY c.prompt_id, c.candidate_id""",
+            params=[up_to_round],
+        ).pl()
+    finally:
+        con.close()
+
+
 def eval_prompt_count(lake: Lake) -> int:
     """How many prompts of any dataset are held out (eval and test splits)."""
     sql = "SELECT count(*) AS n FROM prompts WHERE split IN ('eval', 'test')"
@@ -549,6 +602,17 @@ def current_selection_id(lake: Lake, name: str | None, round_: int) -> str | Non
         [name, round_],
     )
     return rows["sid"][0] if rows.height else None
+
+
+def suspect_flags(lake: Lake, selection_id: str) -> dict[str, str]:
+    """prompt_id -> the answer its samples agree on, of the prompts a selection flagged as
+    suspect references."""
+    rows = lake.query(
+        """SELECT prompt_id, any_value(agreed) AS agreed FROM evidence
+           WHERE selection_id = ? AND kind = 'suspect_reference' GROUP BY prompt_id""",
+        [selection_id],
+    )
+    return dict(zip(rows["prompt_id"].to_list(), rows["agreed"].to_list(), strict=True))
 
 
 def drop_counts(lake: Lake, name: str | None, round_: int) -> dict[str, int]:

@@ -12,6 +12,18 @@ TS = pa.timestamp("us", tz="UTC")
 # the `prompts` table (ids, dataset, split, source) is thresher's own bookkeeping.
 PROMPT_FIELDS = ("prompt", "messages", "task", "answer", "tests", "meta")
 
+# Who labelled, in which note, from which sheet and file, and when (labels and
+# reference_labels alike).
+LABELLED_BY = [
+    ("who", pa.string()),
+    ("note", pa.string()),
+    ("sheet_id", pa.string()),  # the audit sheet the label came from, if any
+    ("source", pa.string()),  # the imported file
+    ("line", pa.int64()),
+    ("labelled_at", TS),
+    ("imported_at", TS),
+]
+
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": pa.schema(
         [
@@ -139,13 +151,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("label_id", pa.string()),  # digest of candidate, who, label and note
             ("candidate_id", pa.string()),
             ("label", pa.string()),  # correct | incorrect
-            ("who", pa.string()),
-            ("note", pa.string()),
-            ("sheet_id", pa.string()),  # the audit sheet the label came from, if any
-            ("source", pa.string()),  # the imported file
-            ("line", pa.int64()),
-            ("labelled_at", TS),
-            ("imported_at", TS),
+            *LABELLED_BY,
         ]
     ),
     # Each curated round's monitors (evaluators.monitors): one row per selection and
@@ -189,6 +195,49 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
         ]
     ),
+    # Sentence embeddings of texts (thresher.embeddings): computed once per text and model,
+    # reused by every later round and run.
+    "embeddings": pa.schema(
+        [
+            ("text_id", pa.string()),  # digest of the text
+            ("model", pa.string()),
+            ("vector", pa.list_(pa.float32())),  # unit length
+            ("created_at", TS),
+        ]
+    ),
+    # What a selection's flags rest on (selection.select): one row per selection, prompt,
+    # kind and evaluation item.
+    "evidence": pa.schema(
+        [
+            ("selection_id", pa.string()),
+            ("round", pa.int64()),
+            ("prompt_id", pa.string()),
+            ("kind", pa.string()),  # reworded | suspect_reference
+            ("eval_prompt_id", pa.string()),  # reworded: the evaluation item it matches
+            ("similarity", pa.float64()),  # reworded: cosine similarity of the two prompts
+            ("agreed", pa.string()),  # reworded: what agreed; suspect: the agreed answer
+            ("share", pa.float64()),  # suspect: share of the samples giving that answer
+            ("reference_share", pa.float64()),  # suspect: share giving the reference
+            ("samples", pa.int64()),  # suspect: samples with a final answer
+            ("models", pa.string()),  # suspect: JSON {model: samples}
+            ("reference", pa.string()),  # the reference the flag judged
+            ("run_id", pa.string()),
+            ("created_at", TS),
+        ]
+    ),
+    # A person's verdict on a prompt's reference answer (`thresher audit import`): right,
+    # or wrong with the right answer. The prompt keeps its reference; its latest label
+    # counts, and verdicts made after a `wrong` label judge by the label's answer.
+    "reference_labels": pa.schema(
+        [
+            ("label_id", pa.string()),  # digest of prompt, label, answer, who and note
+            ("prompt_id", pa.string()),
+            ("label", pa.string()),  # right | wrong
+            ("answer", pa.string()),  # wrong: the right answer
+            ("reference", pa.string()),  # the reference it judged
+            *LABELLED_BY,
+        ]
+    ),
 }
 
 # Columns that identify a row: appending a row whose key is already present adds nothing.
@@ -207,6 +256,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "labels": ("label_id",),
     "monitors": ("selection_id", "metric", "eval_run_id"),
     "test_strength": ("audit_id", "suite"),
+    "embeddings": ("text_id", "model"),
+    "evidence": ("selection_id", "prompt_id", "kind", "eval_prompt_id"),
+    "reference_labels": ("label_id",),
 }
 
 TABLES = tuple(SCHEMAS)
@@ -226,6 +278,7 @@ class DropReason(StrEnum):
     teacher_share = "teacher_share"  # a teacher's, over the per-prompt cap or the share
     weak_tests = "weak_tests"  # weak_tests:<kill rate or 'not audited'> (min_test_strength)
     answer_share = "answer_share"  # answer_share:<answer>: over its reference share
+    suspect_reference = "suspect_reference"  # suspect_reference:<the answer samples agree on>
 
     def of(self, detail: str) -> str:
         """The stored reason with its detail: `contaminated:eval-1`."""
@@ -238,6 +291,7 @@ class DropReason(StrEnum):
             DropReason.duplicate_of,
             DropReason.weak_tests,
             DropReason.answer_share,
+            DropReason.suspect_reference,
         ):
             return f"drop_reason LIKE '{self.value}:%'"
         return f"drop_reason = '{self.value}'"

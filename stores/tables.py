@@ -119,3 +119,33 @@ def write_test_strength(lake: Lake, rows: list[dict], run_id: str | None) -> int
     return lake.append(
         "test_strength", [{**r, "run_id": run_id, "created_at": stamp} for r in rows]
     )
+
+
+def write_embeddings(lake: Lake, model: str, rows: list[tuple[str, list[float]]]) -> int:
+    """Append (text id, unit vector) embeddings of one model."""
+    stamp = now()
+    return lake.append(
+        "embeddings",
+        [{"text_id": t, "model": model, "vector": v, "created_at": stamp} for t, v in rows],
+    )
+
+
+def write_evidence(
+    lake: Lake, selection_id: str, round_: int, rows: list[dict], run_id: str | None
+) -> int:
+    """Append what one selection's flags rest on (reworded eval items, suspect references)."""
+    stamp = now()
+    return lake.append(
+        "evidence",
+        [
+            {**r, "selection_id": selection_id, "round": round_, "run_id": run_id,
+             "created_at": stamp}
+            for r in rows
+        ],
+    )  # fmt: skip
+
+
+def write_reference_labels(lake: Lake, rows: list[dict]) -> int:
+    """Append people's labels of prompts' references (one already in the lake adds nothing)."""
+    stamp = now()
+    return lake.append("reference_labels", [{**r, "imported_at": stamp} for r in rows])

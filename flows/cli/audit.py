@@ -3,6 +3,7 @@ show how often each verifier is wrong, and gate a round on it."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +21,9 @@ audit_app = typer.Typer(
         "same rows as CSV for a spreadsheet. Then `thresher audit import FILE` stores the "
         "labels, `thresher audit quality` shows false-pass and false-fail rates, precision "
         "and recall per verifier and round with 95 % intervals, and `thresher audit check "
-        "--max-false-pass 0.02` exits non-zero when a round's rate is over it."
+        "--max-false-pass 0.02` exits non-zero when a round's rate is over it. `thresher "
+        "audit flags` lists reworded evaluation items and suspect references with their "
+        "evidence; a suspect reference is on its round's sheet, to be labelled right or wrong."
     ),
     invoke_without_command=True,
     no_args_is_help=False,
@@ -36,6 +39,10 @@ NameOption = Annotated[
         show_default=False,
     ),
 ]
+OnlyRound = Annotated[
+    int | None, typer.Option("--round", "-r", help="Only this round.", show_default=False)
+]
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f")]
 
 
 @audit_app.callback()
@@ -110,6 +117,11 @@ def import_cmd(
         f"{done.imported} labels imported, {done.already} already in the lake, "
         f"{done.unlabelled} rows without a label, {done.rejected} rejected"
     )
+    if done.references:
+        typer.echo(
+            f"{done.references} reference labels imported: a reference labelled wrong is "
+            "judged by its right answer from the next verification on"
+        )
     for reason in done.reasons[:10]:
         typer.echo(f"  rejected {reason}", err=True)
     if done.rejected > 10:
@@ -119,10 +131,8 @@ def import_cmd(
 @audit_app.command()
 def quality(
     name: NameOption = None,
-    round_: Annotated[
-        int | None, typer.Option("--round", "-r", help="Only this round.", show_default=False)
-    ] = None,
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    round_: OnlyRound = None,
+    fmt: FormatOption = OutputFormat.table,
     lake: LakeOption = None,
 ) -> None:
     """Per verifier and round: labelled candidates, false-pass and false-fail rates,
@@ -154,6 +164,63 @@ def quality(
     if not d.is_empty():
         typer.echo("\nverifiers disagreeing on the same candidates:")
         print_frame(d, fmt)
+
+
+class FlagKind(StrEnum):
+    reworded = "reworded"
+    references = "references"
+
+
+# kind -> (view, order, what to say when it is empty)
+FLAG_VIEWS = {
+    FlagKind.reworded: ("contamination", "round, similarity DESC",
+                        "no reworded evaluation items found (is decontaminate.semantic set?)"),
+    FlagKind.references: ("suspect_references", "round, share DESC, prompt_id",
+                          "no suspect references"),
+}  # fmt: skip
+
+
+@audit_app.command()
+def flags(
+    kind: Annotated[
+        FlagKind | None,
+        typer.Argument(help="Only these flags (default: both).", show_default=False),
+    ] = None,
+    round_: OnlyRound = None,
+    fmt: FormatOption = OutputFormat.table,
+    lake: LakeOption = None,
+) -> None:
+    """What selection flagged, with its evidence.
+
+    reworded: training prompts dropped as reworded evaluation items
+    (`decontaminate.semantic`), each beside the item it rewords, their similarity, what
+    agreed and the candidates dropped (the `contamination` view).
+
+    references: prompts whose samples agree on another answer than their reference
+    (`select.suspects`): the agreed answer, its share, the samples and models, and any
+    label since (the `suspect_references` view). They are on the round's audit sheet
+    (`thresher audit --round R`): label the reference right, or wrong with the right
+    answer, and import the sheet; a relabelled prompt is judged by its right answer from
+    then on."""
+    from thresher.evaluators.audit import flag_rows  # local: fast --help
+    from thresher.stores.lake import Lake
+
+    kinds = [kind] if kind is not None else list(FlagKind)
+    if len(kinds) > 1 and fmt is not OutputFormat.table:
+        fail("--format csv or json shows one kind: name it (reworded or references)", code=2)
+    try:
+        lk = Lake(lake, create=False)
+        for k in kinds:
+            view, order, empty = FLAG_VIEWS[k]
+            rows = flag_rows(lk, view, order, round_)
+            if len(kinds) > 1:
+                typer.echo(f"{k.value}:")
+            if rows.is_empty() and fmt is OutputFormat.table:
+                typer.echo(empty)
+            else:
+                print_frame(rows, fmt)
+    except FileNotFoundError as e:
+        fail(str(e))
 
 
 @audit_app.command()

@@ -53,7 +53,12 @@ from thresher.config.eval import (
     HeldOut,
     forgetting_name,
 )
-from thresher.config.select import DecontamConfig, SelectConfig
+from thresher.config.select import (
+    DecontamConfig,
+    SelectConfig,
+    SemanticConfig,
+    SuspectConfig,
+)
 from thresher.config.train import (
     SELF,
     DistributedConfig,
@@ -85,6 +90,8 @@ __all__ = [
     "CurateConfig",
     "CurateSections",
     "DecontamConfig",
+    "SemanticConfig",
+    "SuspectConfig",
     "DifficultyConfig",
     "DistributedConfig",
     "EarlyStoppingConfig",

@@ -6,7 +6,33 @@ from typing import Literal
 
 from pydantic import Field
 
-from thresher.config.base import _Strict
+from thresher.config.base import _Strict, never
+
+
+class SemanticConfig(_Strict):
+    """Reworded evaluation items: a training prompt whose embedding is near an evaluation
+    item's, where the two also agree on what decides the answer."""
+
+    model: str = Field(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        description="a sentence-transformers model: a Hub name or a local folder",
+    )
+    min_similarity: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="cosine similarity from which a pair is compared at all; below it, "
+        "nothing counts as contamination",
+    )
+    same_answer_similarity: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="cosine from which a pair whose texts hold no numbers or quoted names "
+        "counts when the two references agree",
+    )
+    neighbours: int = Field(20, ge=1, description="nearest evaluation items compared per prompt")
+    batch_size: int = never(default=64, ge=1, description="texts embedded per batch")
 
 
 class DecontamConfig(_Strict):
@@ -29,6 +55,25 @@ class DecontamConfig(_Strict):
     )
     minhash_threshold: float | None = Field(
         None, gt=0, lt=1, description="also drop near matches at this estimated Jaccard"
+    )
+    semantic: SemanticConfig | None = Field(
+        None,
+        description="also drop reworded evaluation items: close in meaning (sentence "
+        "embeddings) and the evidence agrees (the same numbers, quoted names or answer)",
+    )
+
+
+class SuspectConfig(_Strict):
+    """A suspect reference: a prompt's own samples (every round's, every model's, unhinted)
+    agree on one answer that is not its reference, and rarely give the reference."""
+
+    enabled: bool = True
+    min_samples: int = Field(8, ge=2, description="samples with a final answer, at least")
+    min_share: float = Field(
+        0.6, gt=0.5, le=1, description="share of those samples that give the agreed answer"
+    )
+    max_reference_share: float = Field(
+        0.1, ge=0, lt=1, description="share that gives the reference, at most"
     )
 
 
@@ -99,6 +144,11 @@ class SelectConfig(_Strict):
         description="a candidate sampled with part of a solution as its hint is dropped "
         "(`copies_hint`) when more than this share of its words lie in word 3-grams of the "
         "hint",
+    )
+    suspects: SuspectConfig = Field(
+        default_factory=SuspectConfig,
+        description="keep prompts whose samples agree on another answer than the "
+        "reference out of training (`suspect_reference`)",
     )
     min_test_strength: float | None = Field(
         None,
