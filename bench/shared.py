@@ -45,3 +45,42 @@ def fresh_lake(tmp: Path, source: Path, dataset: str = "bench"):
     lake = Lake(Path(tempfile.mkdtemp(dir=tmp)) / "lake")
     ingest(lake, source, dataset=dataset)
     return lake
+
+
+def demo_runs(model: str, rounds: int, folder: str, prefix: str):
+    """The demo's bootstrap config for `rounds` rounds of `model` (every round run), and
+    the folder its lakes go under (`folder`, else a new one; printed, to resume)."""
+    import yaml
+
+    base = yaml.safe_load((ROOT / "configs" / "bootstrap-demo.yaml").read_text())
+    base |= {"base_model": word_model(model), "max_rounds": rounds, "min_gain": -1.0,
+             "patience": rounds}  # fmt: skip
+    tmp = Path(folder) if folder else Path(tempfile.mkdtemp(prefix=prefix))
+    print(f"lakes under {tmp} (--dir {tmp} resumes)")
+    return base, tmp
+
+
+def demo_lake(path: Path, train: Path):
+    """A lake at `path` with `train` as the word problems' train split and the bundled
+    eval split."""
+    from thresher.ingest.load import ingest
+    from thresher.stores.lake import Lake
+
+    lake = Lake(path)
+    ingest(lake, train, dataset="word-problems", split="train", task="arithmetic")
+    ingest(lake, ROOT / "examples" / "word-problems" / "eval.jsonl", dataset="word-problems",
+           split="eval", task="arithmetic")  # fmt: skip
+    return lake
+
+
+def print_paired(lakes: dict, label: str) -> None:
+    """The last models' paired difference of held-out pass@1, first run minus second, of
+    two runs ({pipeline name: lake}) with its 95 % interval."""
+    from thresher.evaluators.compare import paired_difference
+    from thresher.evaluators.report import eval_prompt_rates
+
+    (a, lake_a), (b, lake_b) = lakes.items()
+    diff = paired_difference(eval_prompt_rates(lake_a, a), eval_prompt_rates(lake_b, b))
+    row = diff.filter(diff["task"] == "all").to_dicts()[0]
+    print(f"\nlast models, {label}: {row['difference']:+.3f} [{row['low']:+.3f}, "
+          f"{row['high']:+.3f}] on {row['prompts']} held-out prompts")  # fmt: skip

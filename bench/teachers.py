@@ -19,11 +19,8 @@ Stopped, it goes on where it was when run again with the `--dir` it printed.
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
-import yaml
-from shared import ROOT, WORD_MODEL, options, word_model
+from shared import ROOT, WORD_MODEL, demo_lake, demo_runs, options, print_paired
 
 PASS1 = """SELECT e.round, e.value FROM evals e JOIN runs r USING (run_id)
            WHERE r.flow = 'evaluate' AND json_extract_string(r.config, '$.name') = ?
@@ -37,19 +34,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import BootstrapConfig
-    from thresher.evaluators.compare import paired_difference
-    from thresher.evaluators.report import classes_by_round, eval_prompt_rates, sources_by_round
+    from thresher.evaluators.report import classes_by_round, sources_by_round
     from thresher.flows.bootstrap import run_bootstrap
-    from thresher.ingest.load import ingest
-    from thresher.stores.lake import Lake
     from thresher.stores.models import read_best_pointer
 
-    student = word_model(args.model)
-    base = yaml.safe_load((ROOT / "configs" / "bootstrap-demo.yaml").read_text())
-    base |= {"base_model": student, "max_rounds": args.rounds, "min_gain": -1.0,
-             "patience": args.rounds}  # fmt: skip
-    tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-teachers-"))
-    print(f"lakes under {tmp} (--dir {tmp} resumes)")
+    base, tmp = demo_runs(args.model, args.rounds, args.dir, "bench-teachers-")
     results = {}
     for name in ("plain", "taught"):
         raw = base | {"name": name}
@@ -62,10 +51,7 @@ def main() -> None:
                 "hints": {"share": 0.5, "k": 4},
                 "select": {**base["select"], "teacher_cap": 2, "max_teacher_share": 0.5},
             }  # fmt: skip
-        lake = Lake(tmp / name / "lake")
-        for split in ("train", "eval"):
-            ingest(lake, ROOT / "examples" / "word-problems" / f"{split}.jsonl",
-                   dataset="word-problems", split=split, task="arithmetic")  # fmt: skip
+        lake = demo_lake(tmp / name / "lake", ROOT / "examples" / "word-problems" / "train.jsonl")
         run_bootstrap(BootstrapConfig.model_validate(raw), lake.root, progress=False)
         results[name] = lake
     print("\nround | pass@1 plain | pass@1 taught | student all-fail plain | taught | "
@@ -85,12 +71,7 @@ def main() -> None:
         print(f"{r} | {plain_p[r]:.3f} | {taught_p.get(r, float('nan')):.3f} | "
               f"{plain_f.get(r, '-')} | {taught_f.get(r, '-')} | {reach.get(r, '-')} | "
               f"{share} | {tokens}")  # fmt: skip
-    diff = paired_difference(
-        eval_prompt_rates(results["taught"], "taught"), eval_prompt_rates(results["plain"], "plain")
-    )
-    row = diff.filter(diff["task"] == "all").to_dicts()[0]
-    print(f"\nlast models, taught - plain: {row['difference']:+.3f} [{row['low']:+.3f}, "
-          f"{row['high']:+.3f}] on {row['prompts']} held-out prompts")  # fmt: skip
+    print_paired({"taught": results["taught"], "plain": results["plain"]}, "taught - plain")
 
 
 def _share(rows: list[dict], column: str) -> str:
