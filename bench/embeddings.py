@@ -27,16 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def texts(n: int) -> list[str]:
-    """Prompts to embed: the bundled word problems, then reasoning-gym questions."""
+    """`n` distinct prompts to embed: the bundled word problems, then reasoning-gym
+    questions."""
     out = [json.loads(line)["prompt"] for line in open(ROOT / "examples/word-problems/train.jsonl")]
     import reasoning_gym
 
     seed = 0
-    while len(out) < n:
+    while len(set(out)) < n:
         for task in ("basic_arithmetic", "chain_sum", "gcd", "letter_counting"):
             out += [e["question"] for e in reasoning_gym.create_dataset(task, size=100, seed=seed)]
         seed += 1
-    return out[:n]
+    return list(dict.fromkeys(out))[:n]  # distinct: the step would embed a repeat once
 
 
 def main() -> int:

@@ -10,6 +10,12 @@ kept of injected prompts with the check and without it, and held-out pass@1 of e
 then the last models' paired difference with its 95 % interval (`check - no check`).
 
     .venv/bin/python bench/reference_noise.py [--share 0.05] [--rounds 3] [--dir DIR]
+        [--teacher-steps 2000 --budget 1000]
+
+With `--teacher-steps N`, both runs also have a teacher (`teachers:`, `--budget`
+candidates a round, 8 a prompt) for the prompts the student left unsolved: a tiny model
+of the same task trained N steps on 3,000 more worked problems. Its samples are the
+evidence a weak student cannot give.
 
 Stopped, it goes on where it was when run again with the `--dir` it printed.
 """
@@ -20,6 +26,7 @@ import json
 import os
 import random
 import re
+from pathlib import Path
 
 from shared import ROOT, WORD_MODEL, demo_lake, demo_runs, options, print_paired
 
@@ -66,8 +73,21 @@ def noisy(rows: list[dict], share: float, seed: int) -> tuple[list[dict], dict[s
     return out, wrong
 
 
+def teacher(folder: Path, steps: int) -> str:
+    """A stronger tiny model of the demo's task (trained on 3,000 more worked problems, none
+    of them in the bundled splits), built once under `folder`."""
+    out = folder / "teacher"
+    if not (out / "config.json").exists():
+        from thresher.trainers.tiny import make_word_problem_model
+
+        make_word_problem_model(folder / "teacher.tmp", train_steps=steps, more=3000)
+        (folder / "teacher.tmp").rename(out)
+    return str(out)
+
+
 def main() -> None:
-    parser = options(__doc__, share=0.05, rounds=3, seed=1, model=WORD_MODEL, dir="")
+    parser = options(__doc__, share=0.05, rounds=3, seed=1, model=WORD_MODEL, dir="",
+                     teacher_steps=0, budget=1000)  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import BootstrapConfig
@@ -80,6 +100,9 @@ def main() -> None:
     train = tmp / "train-noisy.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in bad_rows))
     print(f"{len(wrong)} of {len(rows)} references made wrong (seed {args.seed})")
+    if args.teacher_steps:
+        base["teachers"] = [{"name": "strong", "model": teacher(tmp, args.teacher_steps),
+                             "k": 8, "budget": args.budget}]  # fmt: skip
     lakes = {}
     for name in ("check", "no-check"):
         raw = base | {"name": name}

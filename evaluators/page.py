@@ -46,7 +46,7 @@ PLOTS += ("monitors.png",)
 
 # Funnel stages drawn as bars; the rare drops only when some round has them.
 FUNNEL_BARS = ("sampled", "passed", "duplicates", "capped", "contaminated", "hinted", "kept")
-FUNNEL_RARE = ("truncated_dropped", "too_easy", "hint_share", "answer_share")
+FUNNEL_RARE = ("truncated_dropped", "too_easy", "hint_share", "answer_share", "suspect_reference")
 
 
 class NoRounds(ValueError):
@@ -715,8 +715,10 @@ def _cell(value) -> str:
 
 def _shown_funnel(funnel: pl.DataFrame) -> pl.DataFrame:
     """The funnel as the page shows it: the counts of teachers and hints only where one
-    took part (the table stays within the page)."""
-    quiet = [c for c in SOURCE_COUNTS if c in funnel.columns and not funnel[c].sum()]
+    took part, suspect references only where some were dropped (the table stays within
+    the page)."""
+    rare = (*SOURCE_COUNTS, "suspect_reference")
+    quiet = [c for c in rare if c in funnel.columns and not funnel[c].sum()]
     if "taught" in funnel.columns and not funnel["taught"].sum():
         quiet.append("kept_tokens")
     return funnel.drop(quiet)

@@ -238,13 +238,15 @@ class SuspectReference(Rule):
 
 def suspect_references(votes: list[dict], spec: SuspectConfig) -> dict[str, dict]:
     """prompt -> the evidence that its reference is wrong, from its samples' final answers
-    (rows of prompt_id, reference as judged, label, answer, model): at least
-    `min_samples` answers, one answer not the reference given by `min_share` of them and
-    the reference by at most `max_reference_share`; a reference labelled right is not
-    suspect."""
+    (rows of prompt_id, reference as judged, label, answer, model): counting only models
+    reliable elsewhere (`reliable_models`), at least `min_samples` answers, one answer not
+    the reference given by `min_share` of them and the reference by at most
+    `max_reference_share`; a reference labelled right is not suspect."""
+    reliable = reliable_models(votes, spec)
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for v in votes:
-        by_prompt[v["prompt_id"]].append(v)
+        if v["model"] in reliable:
+            by_prompt[v["prompt_id"]].append(v)
     out = {}
     for p, group in by_prompt.items():
         first = group[0]
@@ -252,7 +254,7 @@ def suspect_references(votes: list[dict], spec: SuspectConfig) -> dict[str, dict
         if first["label"] == "right" or reference is None or len(group) < spec.min_samples:
             continue
         counts = Counter(answer_key(v["answer"]) for v in group)
-        agreed, n = max(counts.items(), key=lambda kv: (kv[1], kv[0] or ""))
+        agreed, n = _top(counts)
         share, ref_share = n / len(group), counts.get(reference, 0) / len(group)
         if agreed == reference or share < spec.min_share or ref_share > spec.max_reference_share:
             continue
@@ -261,6 +263,34 @@ def suspect_references(votes: list[dict], spec: SuspectConfig) -> dict[str, dict
                   "reference_share": round(ref_share, 4), "reference": first["judged_by"],
                   "models": json.dumps(dict(sorted(models.items())))}  # fmt: skip
     return out
+
+
+def reliable_models(votes: list[dict], spec: SuspectConfig) -> set[str]:
+    """The models whose own samples, on the prompts where they agreed (`min_share` of at
+    least 4 answers), agreed on the reference at least `min_model_agreement` of the time,
+    over `min_model_prompts` prompts at least."""
+    per: dict[tuple, list[str | None]] = defaultdict(list)
+    refs = {}
+    for v in votes:
+        per[(v["model"], v["prompt_id"])].append(answer_key(v["answer"]))
+        refs[v["prompt_id"]] = answer_key(v["judged_by"])
+    agreed: dict[str, list[bool]] = defaultdict(list)
+    for (model, prompt), answers in per.items():
+        if len(answers) < 4:
+            continue
+        top, n = _top(Counter(answers))
+        if n / len(answers) >= spec.min_share:
+            agreed[model].append(top == refs[prompt])
+    return {
+        m for m, hits in agreed.items()
+        if len(hits) >= spec.min_model_prompts
+        and sum(hits) / len(hits) >= spec.min_model_agreement
+    }  # fmt: skip
+
+
+def _top(counts: Counter) -> tuple:
+    """The commonest answer and its count (ties: the larger key, for a stable choice)."""
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0] or ""))
 
 
 class Duplicate(Rule):

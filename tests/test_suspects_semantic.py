@@ -81,8 +81,17 @@ def _votes(prompt, reference, answers, label=None, judged_by=None):
     ]  # fmt: skip
 
 
+def _reliable(models=("m0", "m1"), prompts=100, right=True):
+    """Votes on other prompts where each model agrees, on the reference (or not)."""
+    return [
+        {"prompt_id": f"{m}-f{i}", "reference": "1", "judged_by": "1", "label": None,
+         "answer": "1" if right else "2", "model": m}
+        for m in models for i in range(prompts) for _ in range(4)
+    ]  # fmt: skip
+
+
 def test_suspect_references_by_hand_counts():
-    votes = (
+    votes = _reliable() + (
         _votes("flagged", "8", ["9"] * 7 + ["8"] + ["5"] * 2)  # 0.7 agree, 0.1 the reference
         + _votes("few", "8", ["9"] * 7)  # 7 answers: under min_samples 8
         + _votes("reference-often", "8", ["9"] * 6 + ["8"] * 2 + ["3"] * 2)  # 0.2 > 0.1
@@ -98,10 +107,28 @@ def test_suspect_references_by_hand_counts():
     assert flags["flagged"]["samples"] == 10
     assert json.loads(flags["flagged"]["models"]) == {"m0": 4, "m1": 3}
     assert flags["spelling"]["agreed"] == "9" and flags["spelling"]["share"] == 1.0
+    # m0 and m1 stay reliable: each agreed on the reference on 101 of the 107 prompts where
+    # it agreed (the 100 others and "relabelled"), 0.944
     looser = SuspectConfig(min_samples=7, max_reference_share=0.2, min_share=0.6)
     assert set(suspect_references(votes, looser)) == {
         "flagged", "few", "reference-often", "spelling"
     }  # fmt: skip
+
+
+def test_only_models_reliable_elsewhere_count_as_evidence():
+    flagged = _votes("p", "8", ["9"] * 10)
+    # m0 and m1 agreed on another answer than the reference on 20 of 120 prompts: 0.833
+    weak = _reliable(prompts=100) + _reliable(prompts=20, right=False)
+    weak = [dict(v, prompt_id=v["prompt_id"] + ("w" if v["answer"] == "2" else "")) for v in weak]
+    assert suspect_references(flagged + weak, SuspectConfig()) == {}
+    assert set(suspect_references(flagged + weak, SuspectConfig(min_model_agreement=0.8))) == {"p"}
+    # too few prompts to measure a model on: 18 others and p (18 of 19 agreed, 0.947)
+    few = _reliable(prompts=18)
+    assert suspect_references(flagged + few, SuspectConfig()) == {}
+    assert set(suspect_references(flagged + few, SuspectConfig(min_model_prompts=19))) == {"p"}
+
+
+ANY_MODEL = {"min_model_agreement": 0.0, "min_model_prompts": 1}
 
 
 def _ingest(lake, tmp_path, rows, split):
@@ -146,7 +173,8 @@ def test_a_suspect_reference_is_dropped_labelled_and_then_judged_by_its_right_an
     pid = ids["t-suspect"]
     # 10 samples: 8 say 8 (right, by arithmetic), 1 says the reference 7, 1 says 6
     cands = _sample(lake, pid, ["8"] * 8 + ["7", "6"])
-    select(lake, [pid], decontaminate={"enabled": False})
+    # one prompt: no other prompts to measure its model on, so every model counts here
+    select(lake, [pid], decontaminate={"enabled": False}, suspects=ANY_MODEL)
     got = _selections(lake)
     assert got[cands[8]] == "suspect_reference:8"  # the one "right" by the wrong reference
     assert sum(r == "failed" for r in got.values()) == 9
@@ -190,7 +218,8 @@ def test_a_suspect_reference_is_dropped_labelled_and_then_judged_by_its_right_an
     new = _sample(lake, pid, ["8"] * 4 + ["7"], round_=1)
     assert set(candidates_to_verify(lake, new, "math", "other")["answer"]) == {"8"}
     plan = RoundPlan(run_id=None, selection_id="r1", round=1, rule=None, verifiers=())
-    select_batch(lake, plan, SelectConfig(decontaminate={"enabled": False}, cap=8), new)
+    settings = SelectConfig(decontaminate={"enabled": False}, cap=8, suspects=ANY_MODEL)
+    select_batch(lake, plan, settings, new)
     got = _selections(lake, "r1")
     assert [got[c] for c in new[:4]] == [None] * 4  # kept: not suspect against the label
     assert got[new[4]] == "failed"

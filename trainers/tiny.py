@@ -94,15 +94,19 @@ def make_tiny_model(
     return _build(out_dir, texts + chat_texts, train_steps, seed, info)
 
 
-def make_word_problem_model(out_dir: str | Path, train_steps: int = 300, seed: int = 0) -> Path:
+def make_word_problem_model(
+    out_dir: str | Path, train_steps: int = 300, seed: int = 0, more: int = 0
+) -> Path:
     """The demo's base model: a tiny Llama trained from scratch on the arithmetic facts
     and 100 worked word problems (the `seed` split of `word_problems`, which shares no
-    problem with the bundled train and eval splits).
+    problem with the bundled train and eval splits), and `more` others (none of them in
+    the bundled splits either: a stronger model of the same task, to teach with).
 
     It knows the facts but applies them to word problems unreliably: sampled pass@1 on
     held-out problems is low while pass@8 is much higher, the gap bootstrapping closes.
     """
-    seed_rows = [r for r in word_problems(WORD_SPLITS) if r["split"] == "seed"]
+    rows = word_problems({**WORD_SPLITS, "more": more} if more else WORD_SPLITS)
+    seed_rows = [r for r in rows if r["split"] in ("seed", "more")]
     texts = [chat_text(r["prompt"], r["completion"]) for r in seed_rows] + arithmetic_facts()
     info = {"train_steps": train_steps, "seed": seed, "examples": len(seed_rows), "task": "word"}
     return _build(out_dir, texts, train_steps, seed, info)

@@ -38,6 +38,8 @@ def _config(tiny_model: Path, rounds: int) -> dict:
         "select": {
             "cap": 8,
             "near_dup": False,
+            # 24 prompts are too few to measure the tiny model's reliability: count it
+            "suspects": {"min_model_agreement": 0.0, "min_model_prompts": 1},
             "decontaminate": {"exact": True, "semantic": {}},
         },
         "train": {

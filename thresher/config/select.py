@@ -65,7 +65,8 @@ class DecontamConfig(_Strict):
 
 class SuspectConfig(_Strict):
     """A suspect reference: a prompt's own samples (every round's, every model's, unhinted)
-    agree on one answer that is not its reference, and rarely give the reference."""
+    from models reliable elsewhere agree on one answer that is not its reference, and
+    rarely give the reference."""
 
     enabled: bool = True
     min_samples: int = Field(8, ge=2, description="samples with a final answer, at least")
@@ -74,6 +75,17 @@ class SuspectConfig(_Strict):
     )
     max_reference_share: float = Field(
         0.1, ge=0, lt=1, description="share that gives the reference, at most"
+    )
+    min_model_agreement: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="a model's samples count only when, on the other prompts where they "
+        "agreed (min_share of its own answers), the agreed answer was the reference this "
+        "often: a weak model's agreement is a habit, not evidence",
+    )
+    min_model_prompts: int = Field(
+        20, ge=1, description="... measured on at least this many prompts"
     )
 
 
