@@ -10,10 +10,11 @@ kept of injected prompts with the check and without it, and held-out pass@1 of e
 then the last models' paired difference with its 95 % interval (`check - no check`).
 
     .venv/bin/python bench/reference_noise.py [--share 0.05] [--rounds 3] [--dir DIR]
-        [--teacher-steps 2000 --budget 1000]
+        [--teacher-steps 2000 --budget 1000 [--below 0.5]]
 
 With `--teacher-steps N`, both runs also have a teacher (`teachers:`, `--budget`
-candidates a round, 8 a prompt) for the prompts the student left unsolved: a tiny model
+candidates a round, 8 a prompt) for the prompts the student left unsolved (with `--below
+P`, those it solved less often than P): a tiny model
 of the same task trained N steps on 3,000 more worked problems. Its samples are the
 evidence a weak student cannot give.
 
@@ -87,7 +88,7 @@ def teacher(folder: Path, steps: int) -> str:
 
 def main() -> None:
     parser = options(__doc__, share=0.05, rounds=3, seed=1, model=WORD_MODEL, dir="",
-                     teacher_steps=0, budget=1000)  # fmt: skip
+                     teacher_steps=0, budget=1000, below=0.0)  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from thresher.config import BootstrapConfig
@@ -101,8 +102,9 @@ def main() -> None:
     train.write_text("".join(json.dumps(r) + "\n" for r in bad_rows))
     print(f"{len(wrong)} of {len(rows)} references made wrong (seed {args.seed})")
     if args.teacher_steps:
+        aim = {"aim": "below", "below": args.below} if args.below else {}
         base["teachers"] = [{"name": "strong", "model": teacher(tmp, args.teacher_steps),
-                             "k": 8, "budget": args.budget}]  # fmt: skip
+                             "k": 8, "budget": args.budget, **aim}]  # fmt: skip
     lakes = {}
     for name in ("check", "no-check"):
         raw = base | {"name": name}

@@ -549,7 +549,7 @@ def _of_ids(
 
 
 def answer_votes(lake: Lake, prompt_ids: list[str], up_to_round: int) -> pl.DataFrame:
-    """Each final answer these prompts' samples gave (every model's and evaluation's of
+    """Each final answer these prompts' samples gave (every model's of
     rounds up to `up_to_round`, a teacher's too; none sampled with a hint): prompt_id,
     reference (as verifiers judge it), label (of the reference, if any), answer, model."""
     con = lake.connect()

@@ -171,12 +171,15 @@ class FlagKind(StrEnum):
     references = "references"
 
 
-# kind -> (view, order, what to say when it is empty)
+# kind -> (view, order, what to say when it is empty, the columns a table shows)
 FLAG_VIEWS = {
     FlagKind.reworded: ("contamination", "round, similarity DESC",
-                        "no reworded evaluation items found (is decontaminate.semantic set?)"),
+                        "no reworded evaluation items found (is decontaminate.semantic set?)",
+                        ("round", "prompt", "eval_prompt", "similarity", "agreed", "dropped")),
     FlagKind.references: ("suspect_references", "round, share DESC, prompt_id",
-                          "no suspect references"),
+                          "no suspect references",
+                          ("round", "prompt_id", "prompt", "reference", "agreed_answer", "share",
+                           "samples", "dropped", "label", "labelled_answer")),
 }  # fmt: skip
 
 
@@ -211,14 +214,16 @@ def flags(
     try:
         lk = Lake(lake, create=False)
         for k in kinds:
-            view, order, empty = FLAG_VIEWS[k]
+            view, order, empty, shown = FLAG_VIEWS[k]
             rows = flag_rows(lk, view, order, round_)
             if len(kinds) > 1:
                 typer.echo(f"{k.value}:")
-            if rows.is_empty() and fmt is OutputFormat.table:
-                typer.echo(empty)
-            else:
+            if fmt is not OutputFormat.table:
                 print_frame(rows, fmt)
+            elif rows.is_empty():
+                typer.echo(empty)
+            else:  # the columns that fit; csv and json have every one
+                print_frame(rows.select(shown), fmt)
     except FileNotFoundError as e:
         fail(str(e))
 
