@@ -94,8 +94,10 @@ def export_rl(
     prompts = band_prompts(lake, model, low, high)
     verify, decontam = model_settings(lake, model)
     # the pipeline's own decontamination settings (exact matching for templated tasks),
-    # always on: eval items never go to a trainer
-    settings = DecontamConfig(**{**(decontam or {}), "enabled": True})
+    # always on: eval items never go to a trainer. The semantic check is selection's
+    # rule only (index.match is n-gram and MinHash): building its index here would embed
+    # every eval item for nothing
+    settings = DecontamConfig(**{**(decontam or {}), "enabled": True, "semantic": None})
     index = eval_index(lake, settings)
     texts = [p["prompt"] or p["messages"] or "" for p in prompts]
     hits = index.match(texts) if index is not None and prompts else [None] * len(prompts)
