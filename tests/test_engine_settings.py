@@ -77,3 +77,15 @@ def test_small_machines_bind_the_engine_threads_to_every_cpu(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's choice is kept
     vllm_offline._prepare_environment("nowhere", "auto", None, {})
     assert vllm_offline.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_auto_runs_float32_where_the_cpu_has_no_native_bf16():
+    from thresher.samplers.vllm_offline import cpu_dtype
+
+    avx2_only = {"avx2": True, "avx512_bf16": False, "amx_bf16": False}
+    assert cpu_dtype("auto", avx2_only) == "float32"
+    assert cpu_dtype("auto", {**avx2_only, "avx512_bf16": True}) == "auto"
+    assert cpu_dtype("auto", {"amx_bf16": True}) == "auto"
+    assert cpu_dtype("auto", {"bf16": True}) == "auto"  # Arm
+    assert cpu_dtype("bfloat16", avx2_only) == "bfloat16"  # asked for: kept
+    assert cpu_dtype("auto", {}) == "auto"  # nothing known: vLLM's own choice
