@@ -90,9 +90,9 @@ reasoning-gym: $(SMOLLM2_MODEL)/config.json
 # SmolLM2 at its frontier (configs/bootstrap-rg-frontier.yaml): fresh reasoning-gym prompts
 # each round at a level that follows the model, the asked format, answer balance; and the
 # plain rejection-sampling baseline of at least the same budget in tokens
-# (configs/bootstrap-rg-plain.yaml). Five rounds took about 65 minutes each on 2 CPU cores,
-# the two side by side; ROUNDS=N overrides the config's max_rounds; stopped, it goes on
-# where it was when run again.
+# (configs/bootstrap-rg-plain.yaml). Run them one at a time: on 2 CPU cores two engines side
+# by side, or pinned to a core each, slow each other far more than two-fold. ROUNDS=N
+# overrides the config's max_rounds; stopped, it goes on where it was when run again.
 RG_HELDOUT = heldout:rg-heldout heldout-default:rg-default heldout-untrained:rg-untrained
 .PHONY: rg-frontier rg-plain rg-teacher
 rg-frontier rg-plain rg-teacher: rg-%: $(SMOLLM2_MODEL)/config.json
