@@ -158,8 +158,7 @@ def get_engine(
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
-    if on_cpu:
-        dtype = cpu_dtype(dtype)
+    asked, dtype = dtype, cpu_dtype(dtype) if on_cpu else dtype
     _prepare_environment(model, dtype, max_model_len, extra or {})
     from vllm import LLM
 
@@ -169,7 +168,10 @@ def get_engine(
         enforce_eager = on_cpu  # compiling graphs costs more start-up than it saves on CPU
     kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE") if on_cpu else None
     print(
-        f"starting the vLLM engine for {model}" + (f" (KV cache {kv} GiB)" if kv else "") + " ...",
+        f"starting the vLLM engine for {model}"
+        + (f" (KV cache {kv} GiB)" if kv else "")
+        + (" in float32: this CPU computes bf16 only by emulation" if dtype != asked else "")
+        + " ...",
         file=sys.stderr,
         flush=True,
     )
