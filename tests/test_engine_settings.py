@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 
 from thresher.samplers import vllm_offline
-from thresher.samplers.vllm_offline import kv_bytes_per_token, kv_cache_gib, threads_bind
+from thresher.samplers.vllm_offline import (
+    cpu_dtype,
+    kv_bytes_per_token,
+    kv_cache_gib,
+    threads_bind,
+)
 
 # SmolLM2-135M-Instruct's shape (its config.json): 30 layers, 9 heads, 3 KV heads, 576 wide
 SMOLLM2 = {
@@ -80,8 +85,6 @@ def test_small_machines_bind_the_engine_threads_to_every_cpu(monkeypatch):
 
 
 def test_auto_runs_float32_where_the_cpu_has_no_native_bf16():
-    from thresher.samplers.vllm_offline import cpu_dtype
-
     avx2_only = {"avx2": True, "avx512_bf16": False, "amx_bf16": False}
     assert cpu_dtype("auto", avx2_only) == "float32"
     assert cpu_dtype("auto", {**avx2_only, "avx512_bf16": True}) == "auto"
