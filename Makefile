@@ -104,6 +104,16 @@ rg-frontier rg-plain rg-teacher: rg-%: $(SMOLLM2_MODEL)/config.json
 	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-$*.yaml --lake lake-rg-$* $(if $(ROUNDS),--max-rounds $(ROUNDS))
 	$(BIN)/thresher report --name rg-$* --lake lake-rg-$*
 
+# A fresh SmolLM2 taught by rg-teacher's model 5 (configs/bootstrap-rg-taught.yaml), in that
+# run's lake: it shares its held-out sets and base-model evaluation.
+RG_TEACHER_MODEL = lake-rg-teacher/models/rg-teacher/round-5/model/config.json
+.PHONY: rg-taught
+rg-taught: $(RG_TEACHER_MODEL)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-taught.yaml --lake lake-rg-teacher $(if $(ROUNDS),--max-rounds $(ROUNDS))
+	$(BIN)/thresher report --name rg-taught --lake lake-rg-teacher
+$(RG_TEACHER_MODEL):
+	$(MAKE) rg-teacher
+
 # The manual (docs/, mkdocs-material) into .cache/site; broken links and missing pages fail.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d .cache/site
