@@ -319,7 +319,7 @@ def forgetting_checks(
         )
         _say(
             f"model {round_} on {check.label()}: pass@1 {pass1:.3f}"
-            + (f" (base {base_pass1:.3f}, drop {base_pass1 - pass1:+.3f})" if base else "")
+            + (f" (base {base_pass1:.3f}, gain {pass1 - base_pass1:+.3f})" if base else "")
         )
     return out
 
