@@ -104,13 +104,14 @@ rg-frontier rg-plain rg-teacher: rg-%: $(SMOLLM2_MODEL)/config.json
 	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-$*.yaml --lake lake-rg-$* $(if $(ROUNDS),--max-rounds $(ROUNDS))
 	$(BIN)/thresher report --name rg-$* --lake lake-rg-$*
 
-# A fresh SmolLM2 taught by rg-teacher's model 5 (configs/bootstrap-rg-taught.yaml), in that
-# run's lake: it shares its held-out sets and base-model evaluation.
+# A fresh SmolLM2 taught by rg-teacher's model 5 (configs/bootstrap-rg-taught.yaml; -all:
+# without the frontier filter; -wide: also twice the prompts, half the samples each), in
+# that run's lake: it shares its held-out sets and base-model evaluation.
 RG_TEACHER_MODEL = lake-rg-teacher/models/rg-teacher/round-5/model/config.json
-.PHONY: rg-taught
-rg-taught: $(RG_TEACHER_MODEL)
-	$(BIN)/thresher bootstrap -c configs/bootstrap-rg-taught.yaml --lake lake-rg-teacher $(if $(ROUNDS),--max-rounds $(ROUNDS))
-	$(BIN)/thresher report --name rg-taught --lake lake-rg-teacher
+.PHONY: rg-taught rg-taught-all rg-taught-wide
+rg-taught rg-taught-all rg-taught-wide: $(RG_TEACHER_MODEL)
+	$(BIN)/thresher bootstrap -c configs/bootstrap-$@.yaml --lake lake-rg-teacher $(if $(ROUNDS),--max-rounds $(ROUNDS))
+	$(BIN)/thresher report --name $@ --lake lake-rg-teacher
 $(RG_TEACHER_MODEL):
 	$(MAKE) rg-teacher
 
