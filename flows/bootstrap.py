@@ -168,6 +168,12 @@ def curate(boot: Bootstrap, rnd: Round) -> None:
     _say(rnd.curated.line(rnd.r))
 
 
+def restates_training(cfg: BootstrapConfig, earlier: list[dict], restate: bool) -> bool:
+    """Whether a round's training restates answers outside the asked format: the round
+    restates, or it replays (`train.all_rounds`) an earlier round's that did."""
+    return restate or (cfg.train.all_rounds and any(r.get("restated") for r in earlier))
+
+
 def gate_training(boot: Bootstrap, rnd: Round) -> None:
     """The gates the round's data must pass before it is trained on (audit, monitors)."""
     for gate in BEFORE_TRAINING:
@@ -178,7 +184,7 @@ def train(boot: Bootstrap, rnd: Round) -> None:
     """Train model r+1 on the kept data (the engine stops first: training wants the
     device, its memory and the cores)."""
     stop_engine()
-    cfg = boot.cfg.train_config(rnd.r, rnd.restate)
+    cfg = boot.cfg.train_config(rnd.r, restates_training(boot.cfg, boot.state.rounds, rnd.restate))
     rnd.trained = train_flow(cfg, boot.lake_root, boot.progress)
     if rnd.trained.already_trained:
         _say(f"round {rnd.r}: model {rnd.r + 1} already trained ({rnd.trained.model_dir})")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
-from helpers import ARITHMETIC_LEVELS
+from helpers import ARITHMETIC_LEVELS, ROOT
 
 from thresher.answers import answer_key
 from thresher.config import EnvironmentConfig, MonitorsGateConfig, SelectConfig
@@ -169,6 +169,24 @@ def test_restating_adds_the_answer_in_the_format_only_where_it_is_missing():
     unasked = {**row, "prompt": "What is 2 + 3?"}
     assert restate({**unasked, "in_format": False}, "answer")[1] is True
     assert restate({**row, "in_format": True}, "answer")[1] is False
+
+
+def test_a_replaying_round_restates_what_an_earlier_round_restated():
+    import yaml
+
+    from thresher.config import BootstrapConfig
+    from thresher.flows.bootstrap import restates_training
+
+    data = yaml.safe_load((ROOT / "configs" / "bootstrap-rg-taught-replay.yaml").read_text())
+    replay = BootstrapConfig.model_validate(data)
+    alone = BootstrapConfig.model_validate(data | {"train": data["train"] | {"all_rounds": False}})
+    rounds = [{"restated": True}, {"restated": True}, {"restated": False}]
+    # round 2's own model is in the format, but it replays rounds 0-1's restated answers
+    assert restates_training(replay, rounds[:2], False) is True
+    assert restates_training(alone, rounds[:2], False) is False  # trains on round 2's alone
+    assert restates_training(replay, [{"restated": False}], False) is False
+    assert restates_training(alone, [], True) is True
+    assert replay.train_config(2, True).data.restate_format == "answer"
 
 
 def test_task_answer_monitors_match_a_hand_count():
