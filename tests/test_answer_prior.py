@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+import yaml
 from helpers import ARITHMETIC_LEVELS, ROOT
 
 from thresher.answers import answer_key
-from thresher.config import EnvironmentConfig, MonitorsGateConfig, SelectConfig
+from thresher.config import BootstrapConfig, EnvironmentConfig, MonitorsGateConfig, SelectConfig
 from thresher.evaluators.monitors import check_monitors, task_answer_monitors
 from thresher.evaluators.passk import prior_metrics
 from thresher.selection.select import decide, reference_shares
@@ -172,9 +173,6 @@ def test_restating_adds_the_answer_in_the_format_only_where_it_is_missing():
 
 
 def test_a_replaying_round_restates_what_an_earlier_round_restated():
-    import yaml
-
-    from thresher.config import BootstrapConfig
     from thresher.flows.bootstrap import restates_training
 
     data = yaml.safe_load((ROOT / "configs" / "bootstrap-rg-taught-replay.yaml").read_text())
