@@ -106,12 +106,12 @@ rg-frontier rg-plain rg-teacher: rg-%: $(SMOLLM2_MODEL)/config.json
 
 # A fresh SmolLM2 taught by rg-teacher's model 5 (configs/bootstrap-rg-taught.yaml; -all:
 # without the frontier filter; -wide: also twice the prompts, half the samples each; -2:
-# taught by rg-taught's model 5 instead; -replay: each round trains on every round's kept
+# taught by rg-taught's model 5 instead; rg-replay: each round trains on every round's kept
 # data so far), in that run's lake: it shares its held-out sets and base-model evaluation.
 RG_TEACHER_MODEL = lake-rg-teacher/models/rg-teacher/round-5/model/config.json
 RG_TAUGHT_MODEL = lake-rg-teacher/models/rg-taught/round-5/model/config.json
-.PHONY: rg-taught rg-taught-all rg-taught-wide rg-taught-2 rg-taught-replay
-rg-taught rg-taught-all rg-taught-wide rg-taught-2 rg-taught-replay: $(RG_TEACHER_MODEL)
+.PHONY: rg-taught rg-taught-all rg-taught-wide rg-taught-2 rg-replay
+rg-taught rg-taught-all rg-taught-wide rg-taught-2 rg-replay: $(RG_TEACHER_MODEL)
 	$(BIN)/thresher bootstrap -c configs/bootstrap-$@.yaml --lake lake-rg-teacher $(if $(ROUNDS),--max-rounds $(ROUNDS))
 	$(BIN)/thresher report --name $@ --lake lake-rg-teacher
 $(RG_TEACHER_MODEL):

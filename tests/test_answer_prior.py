@@ -175,7 +175,7 @@ def test_restating_adds_the_answer_in_the_format_only_where_it_is_missing():
 def test_a_replaying_round_restates_what_an_earlier_round_restated():
     from thresher.flows.bootstrap import restates_training
 
-    data = yaml.safe_load((ROOT / "configs" / "bootstrap-rg-taught-replay.yaml").read_text())
+    data = yaml.safe_load((ROOT / "configs" / "bootstrap-rg-replay.yaml").read_text())
     replay = BootstrapConfig.model_validate(data)
     alone = BootstrapConfig.model_validate(data | {"train": data["train"] | {"all_rounds": False}})
     rounds = [{"restated": True}, {"restated": True}, {"restated": False}]
