@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
@@ -93,8 +94,15 @@ def print_frame(df: pl.DataFrame, fmt: OutputFormat, max_rows: int = 50) -> None
         typer.echo(f"{df.height} rows" + (f" ({more} not shown; --max-rows)" if more > 0 else ""))
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     """Entry point of the `thresher` console script."""
+    # SIGTERM (kill, timeout, a scheduler) would end the process without its exit hooks,
+    # leaving the temporary Prefect server and the engine's processes running: exit instead
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
     except RuntimeError as e:

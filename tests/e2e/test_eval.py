@@ -1,7 +1,10 @@
 """`thresher eval`: pass@k of the tiny model on held-out prompts, into `evals`."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 from helpers import ingest_arithmetic
 
@@ -126,3 +129,59 @@ def test_the_sealed_test_split_opens_only_for_a_final_evaluation(tiny_model, tmp
     assert report.returncode == 0, report.stderr[-3000:]
     page = (lake.root / "report" / "index.html").read_text()
     assert "Sealed test split" in page and "Opened 2 times" in page
+
+
+def test_a_terminated_eval_stops_its_processes_and_resumes(tiny_model, tmp_path):
+    """SIGTERM (kill, timeout, a scheduler) ends the command through its exit hooks: the
+    temporary Prefect server and the engine's processes go with it, and a rerun finishes
+    the work without doubling a row."""
+    import psutil
+
+    lake = Lake(tmp_path / "lake")
+    ingest_arithmetic(lake, split="eval")
+    cmd = [sys.executable, "-m", "thresher.flows.cli", "eval", "--model", str(tiny_model)]
+    cmd += ["--dataset", "arith", "-k", "1", "--n", "4", "--limit", "24", "--max-tokens", "24"]
+    cmd += ["--dtype", "float32", "--lake", str(lake.root), "--no-progress"]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # vLLM's default engine
+    log = tmp_path / "eval.log"  # not a pipe: a process left behind would hold it open
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 300
+    server = engine = []
+    while not (server and engine) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        children = _children(parent)
+        server = [p for p in children if "uvicorn" in " ".join(_cmdline(p))]
+        engine = [p for p in children if p not in server]
+    assert server and engine, ("no temporary Prefect server or engine", log.read_text()[-3000:])
+    proc.terminate()
+    proc.wait(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=30)
+    left = [(p.pid, _cmdline(p)) for p in alive]
+    for p in alive:  # stop them before failing
+        p.kill()
+    assert not left, left
+    assert proc.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
+
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert lake.count("candidates") == 24 * 4
+
+
+def _children(proc) -> list:
+    import psutil
+
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(proc) -> list[str]:
+    import psutil
+
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
