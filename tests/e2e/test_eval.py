@@ -153,7 +153,7 @@ def test_a_terminated_eval_stops_its_processes_and_resumes(tiny_model, tmp_path)
         time.sleep(0.2)
         children = _children(parent)
         server = [p for p in children if "uvicorn" in " ".join(_cmdline(p))]
-        engine = [p for p in children if p not in server]
+        engine = [p for p in children if "EngineCore" in " ".join(_cmdline(p))]
     assert server and engine, ("no temporary Prefect server or engine", log.read_text()[-3000:])
     proc.terminate()
     proc.wait(timeout=120)
